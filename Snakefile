@@ -1,0 +1,33 @@
+# Multi-GPU data-parallel training, measured: d2l section 13.6 as a pipeline.
+#   snakemake --cores 1 report            everything, at the scale this machine suits
+#   snakemake -n report                   what would run, and why
+# Configuration: config.yaml, validated against schemas/config.schema.yaml.
+import sys
+
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+sys.path.insert(0, f"{workflow.basedir}/src")
+from dpscale.config import coerce_cli_types
+
+
+configfile: "config.yaml"
+
+
+# --config 'ks=[1,2]' arrives as strings inside lists: coerce by the schema first.
+coerce_cli_types(config)
+validate(config, "schemas/config.schema.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/data.smk"
+include: "rules/torch.smk"
+include: "rules/comm.smk"
+include: "rules/jax.smk"
+include: "rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        rules.report.output,

@@ -1,0 +1,60 @@
+# Communication: the bare all-reduce sweep (NCCL default vs the memcpy switch),
+# the no_sync() probe against the cost model, and DDP training with the switch on.
+
+
+rule allreduce:
+    input:
+        meta=CACHE_META,
+    output:
+        json="results/runs/allreduce/{variant}/k{k}.json",
+    log:
+        "logs/allreduce/{variant}/k{k}.log",
+    wildcard_constraints:
+        variant="default|memcpy",
+        k=r"\d+",
+    params:
+        spec=spec_of("allreduce"),
+    resources:
+        gpu=gpus_of,
+        measure=1,
+    shell:
+        TORCHRUN
+
+
+rule ddp_comm_probe:
+    input:
+        meta=CACHE_META,
+        # beta is measured, not typed in: the k=2 all-reduce sweep prices each bucket
+        allreduce="results/runs/allreduce/default/k2.json",
+    output:
+        json="results/runs/ddp_comm_probe/default/k{k}.json",
+    log:
+        "logs/ddp_comm_probe/k{k}.log",
+    wildcard_constraints:
+        k=r"\d+",
+    params:
+        spec=spec_of("ddp_comm_probe"),
+    resources:
+        gpu=gpus_of,
+        measure=1,
+    shell:
+        TORCHRUN
+
+
+rule ddp_memcpy_training:
+    input:
+        cache=CACHE,
+        meta=CACHE_META,
+    output:
+        json="results/runs/ddp_memcpy_training/default/k{k}.json",
+    log:
+        "logs/ddp_memcpy_training/k{k}.log",
+    wildcard_constraints:
+        k=r"\d+",
+    params:
+        spec=spec_of("ddp_memcpy_training"),
+    resources:
+        gpu=gpus_of,
+        measure=1,
+    shell:
+        TORCHRUN

@@ -1,0 +1,99 @@
+"""Config resolution beyond what a JSON schema can say: the scale picked by
+`auto`, the protocol numbers merged with their defaults, cross-key checks whose
+messages show the arithmetic, and the per-job specs the rules pass on."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def schema() -> dict:
+    return yaml.safe_load(SCHEMA.read_text())
+
+
+def protocol_defaults(scale: str) -> dict:
+    return copy.deepcopy(schema()["properties"]["scales"]["properties"][scale]["default"])
+
+
+def resolve(config: dict, fp: dict) -> dict:
+    """Return the effective settings; raise ConfigError naming the key."""
+    gpus = fp.get("gpu_count") or 0
+    scale = config["scale"]
+    if scale == "auto":
+        scale = "paper" if gpus > 0 else "smoke"
+    proto = protocol_defaults(scale)
+    proto.update((config.get("scales") or {}).get(scale) or {})
+    ks = list(config["ks"])
+    for k in ks:
+        if proto["global_batch"] % k:
+            raise ConfigError(
+                f"scales.{scale}.global_batch: {proto['global_batch']} is not divisible by k={k} "
+                f"from ks={ks} ({proto['global_batch']} / {k} = {proto['global_batch'] / k:g}); "
+                "the strong-scaling sweep splits the global batch evenly across ranks")
+    steps = proto["train_images"] // (proto["per_rank_batch"])
+    if steps < 1:
+        raise ConfigError(f"scales.{scale}.train_images: {proto['train_images']} images give no full "
+                          f"per-rank batch of {proto['per_rank_batch']}")
+    tuned = config["tuned"]
+    if tuned == "auto":
+        tuned = gpus > 0
+    wd = dict(config["watchdog"])
+    if wd["hang_timeout_s"] == "auto":
+        wd["hang_timeout_s"] = 900 if scale == "paper" else 60
+    data = config["data"]
+    if data["source"] == "local":
+        if not data.get("local_dir"):
+            raise ConfigError("data.local_dir: required when data.source is 'local' (a folder with "
+                              "the four Fashion-MNIST .gz files)")
+        if not Path(data["local_dir"]).is_dir():
+            raise ConfigError(f"data.local_dir: {data['local_dir']!r} is not a folder")
+    return {"scale": scale, "requested_scale": config["scale"], "protocol": proto, "ks": ks,
+            "tuned": bool(tuned), "watchdog": wd, "experiments": list(config["experiments"])}
+
+
+def _coerce(value, sch: dict, defs: dict):
+    if "$ref" in sch:
+        sch = {**defs[sch["$ref"].split("/")[-1]], **{k: v for k, v in sch.items() if k != "$ref"}}
+    types = sch.get("type")
+    types = [types] if isinstance(types, str) else list(types or [])
+    for alt in sch.get("oneOf", []) + sch.get("anyOf", []):
+        t = alt.get("type")
+        types += [t] if isinstance(t, str) else list(t or [])
+    if isinstance(value, str):
+        low = value.strip().lower()
+        if "null" in types and low in ("null", "none", "~", ""):
+            return None
+        if "boolean" in types and low in ("true", "false"):
+            return low == "true"
+        if "integer" in types or "number" in types:
+            for cast in (int, float):
+                try:
+                    return cast(value)
+                except ValueError:
+                    pass
+        return value
+    if isinstance(value, list) and "items" in sch:
+        return [_coerce(v, sch["items"], defs) for v in value]
+    if isinstance(value, dict) and "properties" in sch:
+        return {k: (_coerce(v, sch["properties"][k], defs) if k in sch["properties"] else v)
+                for k, v in value.items()}
+    return value
+
+
+def coerce_cli_types(config: dict) -> None:
+    """`snakemake --config 'ks=[1,2]'` parses values inside lists and mappings with
+    YAML's BaseLoader, so they arrive as strings ('1', '2'). Turn strings back into
+    the numbers, booleans and nulls the schema asks for, in place; anything that
+    does not parse is left for validation to reject, naming the key."""
+    sch = schema()
+    coerced = _coerce(config, sch, sch.get("$defs", {}))
+    config.clear()
+    config.update(coerced)

@@ -1,0 +1,93 @@
+"""The book's cost model (section 13.5) and the bandwidth conventions.
+
+Bandwidths follow nccl-tests (github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
+  algbw = S / t                       bytes of the buffer over the time
+  busbw = algbw * 2 (k-1) / k         for all-reduce: what each link carries,
+                                      comparable across k and with the hardware peak
+The book's "effective bytes/device/s" (section 13.6's benchmark) is 2 S / t.
+GB here is 1e9 bytes, as in nccl-tests.
+"""
+from __future__ import annotations
+
+import math
+
+
+def algbw(size_bytes: float, t_s: float) -> float:
+    return size_bytes / t_s
+
+
+def busbw(size_bytes: float, t_s: float, k: int) -> float:
+    return algbw(size_bytes, t_s) * 2 * (k - 1) / k
+
+
+def book_beta(size_bytes: float, t_s: float) -> float:
+    return 2 * size_bytes / t_s
+
+
+def interp_time(sizes: list[float], times: list[float], size: float) -> float:
+    """All-reduce time at `size` bytes, log-log interpolated in a measured sweep
+    (extrapolated at constant bandwidth past its ends)."""
+    pts = sorted(zip(sizes, times))
+    if size <= pts[0][0]:
+        return pts[0][1] * size / pts[0][0] if size > 0 else 0.0
+    if size >= pts[-1][0]:
+        return pts[-1][1] * size / pts[-1][0]
+    for (s0, t0), (s1, t1) in zip(pts, pts[1:]):
+        if s0 <= size <= s1:
+            f = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
+            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+    raise AssertionError("unreachable")
+
+
+def predict_comm(bucket_bytes: list[float], sweep_k2: dict, k: int) -> dict:
+    """Predicted communication time per step for DDP's buckets.
+
+    sweep_k2: {"bytes": [...], "time_s": [...]} measured at k=2.
+    - flat (Eq. 13.5.2): t = sum_b 2 S_b / beta(S_b), beta measured once at k=2 and
+      assumed not to change with k;
+    - ring (Eq. 13.5.1): the per-link bandwidth from k=2 (busbw), scaled by the
+      2(k-1)/k bytes each device sends: t = sum_b 2(k-1)/k * S_b / busbw_2(S_b).
+    At k=2 the two agree by construction; exercise 2 asks which fits at k=4.
+    """
+    flat = ring = 0.0
+    for s in bucket_bytes:
+        t2 = interp_time(sweep_k2["bytes"], sweep_k2["time_s"], s)
+        beta = book_beta(s, t2)
+        flat += 2 * s / beta
+        ring += 2 * (k - 1) / k * s / busbw(s, t2, 2)
+    return {"pred_flat_ms": 1e3 * flat, "pred_ring_ms": 1e3 * ring}
+
+
+def weak_efficiency_k(eff: dict[int, float], k_target: int) -> dict:
+    """Exercise 6: extrapolate weak-scaling efficiency to k_target.
+
+    Model: a step takes t_c + t_comm(k); efficiency e(k) = t_c / (t_c + t_comm(k)),
+    so t_comm(k)/t_c = 1/e(k) - 1. Two assumptions, both reported:
+      flat  t_comm independent of k beyond 2 (Eq. 13.5.2): use the largest measured k;
+      ring  t_comm grows as 2(k-1)/k (Eq. 13.5.1): scale the largest measured k's ratio.
+    """
+    ks = sorted(k for k in eff if k >= 2)
+    if not ks:
+        return {}
+    kk = ks[-1]
+    r = 1 / eff[kk] - 1
+    ring_r = r * (2 * (k_target - 1) / k_target) / (2 * (kk - 1) / kk)
+    return {"from_k": kk, "flat": 1 / (1 + r), "ring": 1 / (1 + ring_r)}
+
+
+def zero_table(params: float = 7e9, k: int = 8, gpu_GB: float = 80.0,
+               bytes_param: float = 4, bytes_grad: float = 4, bytes_opt: float = 8) -> list[dict]:
+    """Exercise 5: per-GPU training state for ZeRO stages 0-3 (activations excluded).
+
+    Defaults are the book's 16P anatomy (section 13.4): fp32 weights (4P), fp32
+    gradients (4P), Adam's two fp32 moments (8P). Stage 0 is DDP (nothing sharded).
+    """
+    p, g, o = params * bytes_param, params * bytes_grad, params * bytes_opt
+    stages = {0: (p, g, o), 1: (p, g, o / k), 2: (p, g / k, o / k), 3: (p / k, g / k, o / k)}
+    rows = []
+    for stage, (pp, gg, oo) in stages.items():
+        total = (pp + gg + oo) / 1e9
+        rows.append({"stage": stage, "params_GB": pp / 1e9, "grads_GB": gg / 1e9,
+                     "optimizer_GB": oo / 1e9, "total_GB": total, "gpu_GB": gpu_GB,
+                     "fits": total <= gpu_GB, "k": k, "n_params": params})
+    return rows

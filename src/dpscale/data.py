@@ -1,0 +1,314 @@
+"""Fashion-MNIST: download (or a local copy, or a labelled synthetic stand-in)
+and the resize cache that both the PyTorch and the JAX runs read.
+
+Layout under the data folder (torchvision's own, so `datasets.FashionMNIST(root)`
+reads it unchanged for the book's DataLoader path):
+
+    FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]
+    source.json                      provenance: real | local | synthetic, checksums
+    fmnist_{size}.npz / .json        resize cache + its sha256 and provenance
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import socket
+import struct
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .results import utc_now, write_atomic, write_json_atomic
+
+log = logging.getLogger("dpscale.data")
+
+# (file, md5) as published by the dataset (github.com/zalandoresearch/fashion-mnist)
+# and carried by torchvision.datasets.FashionMNIST.resources.
+RESOURCES = (
+    ("train-images-idx3-ubyte.gz", "8d4fb7e6c68d591d4c3dfef9ec88bf0d"),
+    ("train-labels-idx1-ubyte.gz", "25c81989df183df01b3e8a0aad5dffbe"),
+    ("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79"),
+    ("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310"),
+)
+SPLITS = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", 60_000),
+          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", 10_000)}
+CLASSES = 10
+
+
+class DataError(RuntimeError):
+    """A dataset problem the user can act on; the message says how."""
+
+
+def raw_dir(root: str | os.PathLike) -> Path:
+    return Path(root) / "FashionMNIST" / "raw"
+
+
+def sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def md5(path: str | os.PathLike) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- download
+
+def download(root, mirrors: list[str], retries: int = 3, timeout_s: float = 30.0,
+             backoff_s: float = 1.0) -> list[str]:
+    """Fetch the four files from the first mirror that serves each intact.
+
+    Each file goes to a temp folder beside its destination, is checked against the
+    published md5 there (torchvision's download_url), and only then renamed into
+    place: a killed or corrupted download never leaves a file that looks done.
+    Returns the mirror used for each file. Raises DataError naming every failure.
+    """
+    from torchvision.datasets.utils import download_url
+
+    dest = raw_dir(root)
+    dest.mkdir(parents=True, exist_ok=True)
+    used, old_timeout = [], socket.getdefaulttimeout()
+    socket.setdefaulttimeout(timeout_s)   # download_url has no timeout of its own
+    try:
+        for name, digest in RESOURCES:
+            errors = []
+            for mirror in mirrors:
+                url = mirror.rstrip("/") + "/" + name
+                for attempt in range(1, retries + 1):
+                    with tempfile.TemporaryDirectory(dir=dest, prefix=".dl-") as tmp:
+                        try:
+                            download_url(url, tmp, name, md5=digest)
+                        except Exception as e:  # URLError, OSError, RuntimeError(corrupted)
+                            corrupted = isinstance(e, RuntimeError)
+                            errors.append(f"{url} (attempt {attempt}): "
+                                          + ("checksum mismatch (md5 != published "
+                                             f"{digest})" if corrupted else f"{type(e).__name__}: {e}"))
+                            log.warning(errors[-1])
+                            if corrupted:
+                                break  # the mirror serves a bad file: retrying won't help
+                            time.sleep(backoff_s * attempt)
+                            continue
+                        os.replace(Path(tmp) / name, dest / name)
+                    used.append(mirror)
+                    break
+                else:
+                    continue
+                break
+            else:
+                raise DataError(f"could not download {name} intact from any mirror:\n  "
+                                + "\n  ".join(errors)
+                                + "\nSet data.mirrors to a reachable mirror, data.source: local with "
+                                  "data.local_dir, or data.source: synthetic.")
+    finally:
+        socket.setdefaulttimeout(old_timeout)
+    return used
+
+
+def copy_local(root, local_dir) -> None:
+    """Take the four .gz files from a folder, checked against the published md5."""
+    local_dir, dest = Path(local_dir), raw_dir(root)
+    if not local_dir.is_dir():
+        raise DataError(f"data.local_dir: {local_dir} is not a folder; it must hold "
+                        + ", ".join(n for n, _ in RESOURCES))
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, digest in RESOURCES:
+        src = local_dir / name
+        if not src.is_file():
+            raise DataError(f"data.local_dir: {src} is missing")
+        if (got := md5(src)) != digest:
+            raise DataError(f"data.local_dir: {src} has md5 {got}, the published one is {digest}; "
+                            "the file is corrupted or not Fashion-MNIST")
+        with open(src, "rb") as f:
+            write_atomic(dest / name, f.read())
+
+
+# ---------------------------------------------------------------- IDX format
+
+def write_idx_gz(path, array: np.ndarray) -> None:
+    """IDX (the MNIST format): magic 0x0000_08_<ndim>, big-endian dims, uint8 data.
+    gzip with mtime=0 so the same array always gives the same bytes (checksums)."""
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
+        gz.write(header + array.tobytes())
+    write_atomic(path, buf.getvalue())
+
+
+def read_idx(path) -> np.ndarray:
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if len(data) < 4:
+        raise DataError(f"{path}: truncated ({len(data)} bytes); delete it and rerun `snakemake download`")
+    zero, dtype, ndim = struct.unpack(">HBB", data[:4])
+    if zero != 0 or dtype != 0x08:
+        raise DataError(f"{path}: not an unsigned-byte IDX file (magic {data[:4].hex()})")
+    shape = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
+    body = np.frombuffer(data, np.uint8, offset=4 + 4 * ndim)
+    if body.size != int(np.prod(shape)):
+        raise DataError(f"{path}: holds {body.size} bytes of data, its header says {shape}; "
+                        "the file is truncated: delete it and rerun `snakemake download`")
+    return body.reshape(shape)
+
+
+def unpack(root) -> None:
+    """torchvision's FashionMNIST looks for the unpacked files: write them beside the .gz."""
+    for name, _ in RESOURCES:
+        gz = raw_dir(root) / name
+        with gzip.open(gz, "rb") as f:
+            write_atomic(gz.with_suffix(""), f.read())
+
+
+# ---------------------------------------------------------------- stand-in
+
+def synthetic(n: int, seed: int, size: int = 28) -> tuple[np.ndarray, np.ndarray]:
+    """A deterministic labelled stand-in with class structure a network can learn:
+    each class is a smooth random template; samples are shifted, contrast-jittered,
+    noisy copies of their class's template. Same shapes and dtype as the real set."""
+    rng = np.random.default_rng(seed)
+    tmpl_rng = np.random.default_rng(12345)  # templates identical for train and test
+    yy, xx = np.mgrid[0:size, 0:size] / size
+    templates = []
+    for _ in range(CLASSES):
+        img = np.zeros((size, size))
+        for _ in range(4):  # a few Gaussian blobs and a stripe per class
+            cy, cx = tmpl_rng.uniform(0.2, 0.8, 2)
+            s = tmpl_rng.uniform(0.06, 0.2)
+            img += tmpl_rng.uniform(0.5, 1.0) * np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * s * s))
+        f, phase = tmpl_rng.uniform(2, 6), tmpl_rng.uniform(0, 2 * np.pi)
+        img += 0.3 * (np.sin(2 * np.pi * f * (yy if tmpl_rng.random() < .5 else xx) + phase) > 0)
+        templates.append(img / img.max())
+    templates = np.stack(templates)
+    labels = rng.integers(0, CLASSES, n).astype(np.uint8)
+    shifts = rng.integers(-2, 3, (n, 2))
+    gain = rng.uniform(0.7, 1.0, n)[:, None, None]
+    imgs = np.empty((n, size, size), np.float32)
+    for c in range(CLASSES):
+        idx = np.flatnonzero(labels == c)
+        imgs[idx] = templates[c]
+    for i in range(n):  # np.roll per sample: 70k small rolls take ~0.3 s
+        imgs[i] = np.roll(imgs[i], tuple(shifts[i]), axis=(0, 1))
+    imgs = imgs * gain + rng.normal(0, 0.08, imgs.shape)
+    return (np.clip(imgs, 0, 1) * 255).round().astype(np.uint8), labels
+
+
+def write_synthetic(root) -> None:
+    dest = raw_dir(root)
+    for split, seed in (("train", 0), ("test", 1)):
+        img_name, lbl_name, n = SPLITS[split]
+        x, y = synthetic(n, seed)
+        write_idx_gz(dest / f"{img_name}.gz", x)
+        write_idx_gz(dest / f"{lbl_name}.gz", y)
+
+
+# ---------------------------------------------------------------- the rule
+
+def fetch(root, source: str, mirrors: list[str], local_dir=None, retries: int = 3,
+          timeout_s: float = 30.0) -> dict:
+    """Materialise the raw dataset under `root` and return its provenance.
+
+    source: download (never falls back), local, synthetic, or auto (download, and
+    on failure the synthetic stand-in, said loudly here and in every result)."""
+    root = Path(root)
+    prov = {"requested": source, "created_utc": utc_now()}
+    if source == "local":
+        copy_local(root, local_dir)
+        prov.update(source="local", origin=str(local_dir))
+    elif source == "synthetic":
+        write_synthetic(root)
+        prov.update(source="synthetic", origin="dpscale.data.synthetic (seeds 0, 1)")
+    elif source in ("download", "auto"):
+        try:
+            used = download(root, mirrors, retries=retries, timeout_s=timeout_s)
+            prov.update(source="real", origin=sorted(set(used)))
+        except DataError as e:
+            if source == "download":
+                raise
+            banner = "!" * 78
+            log.error("%s\nNO MIRROR SERVED FASHION-MNIST: using the SYNTHETIC STAND-IN.\n"
+                      "Every number built from it says data.source=synthetic. Reason:\n%s\n%s",
+                      banner, e, banner)
+            write_synthetic(root)
+            prov.update(source="synthetic", origin="fallback: no mirror answered",
+                        fallback_reason=str(e))
+    else:
+        raise DataError(f"data.source: {source!r} is not one of auto, download, local, synthetic")
+    unpack(root)
+    prov["files"] = {name: {"md5": md5(raw_dir(root) / name), "published_md5": digest}
+                     for name, digest in RESOURCES}
+    write_json_atomic(root / "source.json", prov)
+    return prov
+
+
+# ---------------------------------------------------------------- resize cache
+
+def resize_split(images: np.ndarray, size: int) -> np.ndarray:
+    """The seed's transform, applied once: torchvision Resize on PIL images
+    (bilinear, antialiased), kept as uint8. ToTensor's /255 is done by the reader,
+    so cached batches equal the seed DataLoader's bit for bit."""
+    from PIL import Image
+    from torchvision import transforms
+    tf = transforms.Resize(size)
+    if images.shape[1] == size:
+        return images.copy()
+    out = np.empty((len(images), size, size), np.uint8)
+    for i, img in enumerate(images):
+        out[i] = np.asarray(tf(Image.fromarray(img, mode="L")))
+    return out
+
+
+def build_cache(root, size: int, out_npz, out_json) -> dict:
+    root = Path(root)
+    prov = json.loads((root / "source.json").read_text())
+    arrays = {}
+    for split, (img_name, lbl_name, _) in SPLITS.items():
+        x = read_idx(raw_dir(root) / img_name)
+        arrays[f"{split}_x"] = resize_split(x, size)
+        arrays[f"{split}_y"] = read_idx(raw_dir(root) / lbl_name).astype(np.int64)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    write_atomic(out_npz, buf.getvalue())
+    meta = {"sha256": sha256(out_npz), "image_size": size, "bytes": Path(out_npz).stat().st_size,
+            "n_train": len(arrays["train_y"]), "n_test": len(arrays["test_y"]),
+            "source": prov["source"], "origin": prov.get("origin"), "created_utc": utc_now()}
+    write_json_atomic(out_json, meta)
+    return meta
+
+
+def load_cache(npz, meta_json, verify: bool = True) -> tuple[dict, dict]:
+    """Read the resize cache, checking it against the checksum recorded beside it."""
+    npz, meta_json = Path(npz), Path(meta_json)
+    try:
+        meta = json.loads(meta_json.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"{meta_json}: unreadable ({e}); rebuild with "
+                        f"`snakemake --forcerun resize {npz}`") from e
+    if verify and (got := sha256(npz)) != meta["sha256"]:
+        raise DataError(f"{npz}: sha256 {got[:12]}... does not match {meta['sha256'][:12]}... recorded "
+                        f"in {meta_json}; the cache is corrupted. Rebuild it with "
+                        f"`snakemake --forcerun resize {npz}` (or delete it and rerun).")
+    with np.load(npz) as z:
+        arrays = {key: z[key] for key in z.files}
+    return arrays, meta
+
+
+def provenance(meta: dict) -> dict:
+    """What every result records about its data."""
+    return {"source": meta["source"], "origin": meta.get("origin"),
+            "image_size": meta["image_size"], "cache_sha256": meta["sha256"]}

@@ -1,0 +1,109 @@
+"""The results contract: one JSON per measurement, written atomically.
+
+Every artifact holds `experiment`, `variant`, `k`, `status` (ok | hung | failed |
+skipped, with `reason` when not ok), `metrics` (names carry units), `config`,
+`fingerprint`, `backend`, `data` (provenance) and UTC timestamps.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+STATUSES = ("ok", "hung", "failed", "skipped")
+
+EXPERIMENTS = (
+    "ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "ddp_memcpy_training",
+    "ddp_bucket_sweep", "fsdp", "jax_weak", "jax_hlo", "jax_equality",
+)
+
+REQUIRED = ("experiment", "variant", "k", "status", "metrics", "config",
+            "fingerprint", "backend", "started_utc", "finished_utc")
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write `data` to `path` so that readers see the old file or the new one,
+    never half of either: a temp file in the same folder, fsync, then rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n")
+
+
+def _jsonable(x: Any) -> Any:
+    # numpy scalars and arrays, Paths: everything else is a bug worth seeing.
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if isinstance(x, os.PathLike):
+        return os.fspath(x)
+    raise TypeError(f"not JSON-serialisable: {type(x).__name__}")
+
+
+def make_result(*, experiment: str, variant: str, k: int, status: str,
+                metrics: dict | None = None, config: dict | None = None,
+                fingerprint: dict | None = None, backend: str, reason: str | None = None,
+                started_utc: str | None = None, data: dict | None = None,
+                **extra: Any) -> dict:
+    if experiment not in EXPERIMENTS:
+        raise ValueError(f"experiment {experiment!r} is not one of {EXPERIMENTS}")
+    if status not in STATUSES:
+        raise ValueError(f"status {status!r} is not one of {STATUSES}")
+    if status != "ok" and not reason:
+        raise ValueError(f"status {status!r} needs a reason")
+    out = {
+        "experiment": experiment, "variant": variant, "k": int(k), "status": status,
+        "reason": reason, "backend": backend, "metrics": metrics or {},
+        "config": config or {}, "fingerprint": fingerprint or {}, "data": data or {},
+        "started_utc": started_utc or utc_now(), "finished_utc": utc_now(),
+    }
+    out.update(extra)
+    return out
+
+
+def validate_result(obj: dict, where: str = "result") -> dict:
+    """Check the contract; raise ValueError naming the file and the key."""
+    missing = [key for key in REQUIRED if key not in obj]
+    if missing:
+        raise ValueError(f"{where}: missing key(s) {missing}")
+    if obj["experiment"] not in EXPERIMENTS:
+        raise ValueError(f"{where}: experiment {obj['experiment']!r} not in {EXPERIMENTS}")
+    if obj["status"] not in STATUSES:
+        raise ValueError(f"{where}: status {obj['status']!r} not in {STATUSES}")
+    if obj["status"] != "ok" and not obj.get("reason"):
+        raise ValueError(f"{where}: status {obj['status']!r} without a reason")
+    if not isinstance(obj["metrics"], dict):
+        raise ValueError(f"{where}: metrics must be an object")
+    return obj
+
+
+def load_result(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e}); delete it and rerun snakemake") from e
+    return validate_result(obj, str(path))

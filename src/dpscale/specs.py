@@ -1,0 +1,108 @@
+"""Which jobs the workflow asks for, and the spec each job receives.
+
+A spec is what a measurement depends on and nothing else: it is passed to the
+rule as a plain `params:` value, so Snakemake reruns a job exactly when its spec
+changes (a new GPU model, a new torch, a changed protocol number), and never for
+an unrelated change (another rule's settings, more GPUs for another k).
+"""
+from __future__ import annotations
+
+import json
+
+from . import fingerprint as fpmod
+
+TORCH = ("ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "ddp_memcpy_training",
+         "ddp_bucket_sweep", "fsdp")
+JAX = ("jax_weak", "jax_hlo", "jax_equality")
+
+# The protocol numbers each experiment reads.
+PROTOCOL_KEYS = {
+    "ddp_weak": ("image_size", "train_images", "epochs", "per_rank_batch", "loader_workers"),
+    "ddp_strong": ("image_size", "train_images", "epochs", "global_batch", "loader_workers"),
+    "ddp_comm_probe": ("image_size", "per_rank_batch", "probe_warmup", "probe_steps"),
+    "allreduce": ("allreduce_MiB", "allreduce_warmup", "allreduce_iters"),
+    "ddp_memcpy_training": ("image_size", "train_images", "epochs", "per_rank_batch"),
+    "ddp_bucket_sweep": ("image_size", "per_rank_batch", "bucket_cap_MiB", "sweep_steps"),
+    "fsdp": ("image_size", "per_rank_batch", "sweep_steps"),
+    "jax_weak": ("image_size", "train_images", "epochs", "per_rank_batch"),
+    "jax_hlo": ("image_size", "per_rank_batch"),
+    "jax_equality": ("image_size", "per_rank_batch"),
+}
+
+# Variables each variant runs with. The shared-memory transport is only used when
+# peer-to-peer is off, so the memcpy variant turns P2P off too.
+MEMCPY_ENV = {"NCCL_SHM_USE_CUDA_MEMCPY": "1", "NCCL_P2P_DISABLE": "1"}
+VARIANT_ENV = {("allreduce", "memcpy"): MEMCPY_ENV, ("ddp_memcpy_training", "default"): MEMCPY_ENV}
+
+TUNED_OPTIONS = {"precision": "bf16", "channels_last": True, "compile": True,
+                 "data": "device-resident cache", "ddp": ["gradient_as_bucket_view", "static_graph"]}
+
+
+def variants(experiment: str, tuned: bool) -> list[str]:
+    if experiment in ("ddp_weak", "ddp_strong"):
+        return ["seed", "cached"] + (["tuned"] if tuned else [])
+    if experiment == "jax_weak":
+        return ["host", "device"] + (["tuned"] if tuned else [])
+    if experiment == "allreduce":
+        return ["default", "memcpy"]
+    return ["default"]
+
+
+def ks_for(experiment: str, ks: list[int]) -> list[int]:
+    multi = sorted(k for k in ks if k >= 2)
+    if experiment in ("ddp_comm_probe", "allreduce", "jax_hlo"):
+        return multi
+    if experiment in ("ddp_memcpy_training", "ddp_bucket_sweep"):
+        return multi[:1] if 2 not in multi else [2]   # the book's exercises use k=2
+    if experiment == "jax_equality":
+        return [2]   # k=1 vs k=2, inside one job
+    return sorted(ks)
+
+
+def targets(resolved: dict, root: str = "results/runs") -> list[str]:
+    out = []
+    for exp in resolved["experiments"]:
+        for variant in variants(exp, resolved["tuned"]):
+            for k in ks_for(exp, resolved["ks"]):
+                out.append(f"{root}/{exp}/{variant}/k{k}.json")
+    return out
+
+
+def skip_reason(experiment: str, variant: str, k: int, fp: dict) -> str | None:
+    gpus = fp.get("gpu_count") or 0
+    have = fpmod.devices_present(fp)
+    if k > have:
+        what = (f"{gpus} GPU(s)" if gpus else
+                f"{have} CPU core(s), and a CPU stand-in runs one process or host device per core")
+        return f"k={k} needs {k} devices; this machine has {what}"
+    if (experiment, variant) in VARIANT_ENV and not gpus:
+        return ("NCCL_SHM_USE_CUDA_MEMCPY is a setting of NCCL's shared-memory transport; "
+                "the gloo backend used without GPUs has no equivalent")
+    return None
+
+
+def job_spec(resolved: dict, fp: dict, experiment: str, variant: str, k: int, inputs: dict) -> dict:
+    family = "torch" if experiment in TORCH else "jax"
+    proto = {key: resolved["protocol"][key] for key in PROTOCOL_KEYS[experiment]}
+    if experiment in ("ddp_weak", "ddp_strong") and variant != "seed":
+        proto.pop("loader_workers")
+    limit = resolved["watchdog"]["hang_timeout_s"]
+    if experiment == "ddp_memcpy_training":
+        limit = resolved["protocol"]["memcpy_timeout_s"]
+    spec = {
+        "experiment": experiment, "variant": variant, "k": k,
+        "backend": fpmod.backend_for(fp, family),
+        "config": {"scale": resolved["scale"], "protocol": proto},
+        "fingerprint": fpmod.subset(fp, family, k),
+        "env": VARIANT_ENV.get((experiment, variant), {}),
+        "limit_s": limit, "grace_s": resolved["watchdog"]["grace_s"],
+        "inputs": inputs, "skip_reason": skip_reason(experiment, variant, k, fp),
+    }
+    if variant == "tuned":
+        spec["config"]["tuned"] = TUNED_OPTIONS
+    return spec
+
+
+def dumps(spec: dict) -> str:
+    """Canonical JSON: the same spec always gives the same params string."""
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,54 @@
+"""Timing helpers: synchronise before reading clocks, warm up, repeat, report
+the median and the spread."""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def summary(values_ms: list[float]) -> dict:
+    """Median and spread of a list of times in ms."""
+    if not values_ms:
+        return {"median_ms": None, "p10_ms": None, "p90_ms": None, "min_ms": None, "max_ms": None, "n": 0}
+    s = sorted(values_ms)
+
+    def q(p):  # nearest-rank quantile: honest for small n
+        return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))]
+    return {"median_ms": statistics.median(s), "p10_ms": q(0.1), "p90_ms": q(0.9),
+            "min_ms": s[0], "max_ms": s[-1], "n": len(s)}
+
+
+class StepTimer:
+    """Per-step times without a host sync inside the loop.
+
+    On CUDA, an event is recorded at every step boundary (a sync would stall the
+    CPU's run-ahead and change what is measured); elapsed times are read once, at
+    the end. On CPU the work is synchronous, so the wall clock is exact.
+    """
+
+    def __init__(self, device):
+        self.cuda = getattr(device, "type", str(device)) == "cuda"
+        self.marks = []
+
+    def mark(self):
+        if self.cuda:
+            import torch
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append(ev)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def step_ms(self) -> list[float]:
+        if len(self.marks) < 2:
+            return []
+        if self.cuda:
+            self.marks[-1].synchronize()  # this is a sync point
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+        return [1e3 * (b - a) for a, b in zip(self.marks, self.marks[1:])]
+
+
+def sync(device):
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch
+        torch.cuda.synchronize(device)

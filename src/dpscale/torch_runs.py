@@ -1,0 +1,514 @@
+"""The PyTorch half of section 13.6, one function per experiment, run on every
+rank under torchrun (one process per GPU; gloo processes on a CPU-only box).
+
+Rank 0 gathers every rank's numbers and writes the one result JSON. A rank that
+raises takes the job down (torchrun reports it; the watchdog keeps its log).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import costmodel, data as dsdata
+from .models import residual_stages, torch_flops_per_sample, torch_resnet18
+from .results import load_result, make_result, utc_now, write_json_atomic
+from .timing import StepTimer, summary, sync
+
+
+# ---------------------------------------------------------------- context
+
+class Ctx:
+    def __init__(self, spec: dict):
+        self.spec = spec
+        self.rank = int(os.environ["RANK"])
+        self.world = int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ["LOCAL_RANK"])
+        self.cuda = spec["backend"] == "nccl"
+        self.device = torch.device("cuda", self.local_rank) if self.cuda else torch.device("cpu")
+        self.proto = spec["config"]["protocol"]
+        self.fault = _parse_fault(os.environ.get("DPSCALE_FAULT", ""))
+
+    def log(self, msg: str):
+        print(f"[rank {self.rank}/{self.world} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    def maybe_fault(self, where: str):
+        """Test hook (DPSCALE_FAULT=crash|hang[:rank=R][:at=WHERE]): make one rank
+        crash or stop calling collectives, so tests can see the job fail or hang."""
+        f = self.fault
+        if f and f.get("rank", 1) == self.rank and f.get("at", "step") == where:
+            if f["kind"] == "crash":
+                raise RuntimeError(f"injected fault: rank {self.rank} crashes at {where}")
+            if f["kind"] == "hang":
+                self.log(f"injected fault: rank {self.rank} hangs at {where}")
+                while True:
+                    time.sleep(3600)
+
+
+def _parse_fault(text: str) -> dict | None:
+    if not text:
+        return None
+    kind, *opts = text.split(":")
+    out = {"kind": kind}
+    for o in opts:
+        key, _, val = o.partition("=")
+        out[key] = int(val) if val.isdigit() else val
+    return out
+
+
+# ---------------------------------------------------------------- inputs
+
+def load_cached(ctx: Ctx):
+    arrays, meta = dsdata.load_cache(ctx.spec["inputs"]["cache"], ctx.spec["inputs"]["cache_meta"])
+    n = ctx.proto["train_images"]
+    x = torch.from_numpy(arrays["train_x"][:n]).to(ctx.device)   # uint8, resident on the device
+    y = torch.from_numpy(arrays["train_y"][:n]).to(ctx.device)
+    return x, y, meta
+
+
+def cached_batches(ctx: Ctx, x, y, batch: int, epoch: int, channels_last=False):
+    """Rank-sharded batches from the device-resident cache, reshuffled per epoch
+    with one seed on every rank (DistributedSampler's scheme, drop_last)."""
+    g = torch.Generator().manual_seed(1000 + epoch)
+    perm = torch.randperm(len(x), generator=g)[ctx.rank::ctx.world].to(ctx.device)
+    for i in range(len(perm) // batch):
+        idx = perm[i * batch:(i + 1) * batch]
+        xb = x[idx].unsqueeze(1).float().div_(255)   # == ToTensor() of the PIL image
+        if channels_last:
+            xb = xb.contiguous(memory_format=torch.channels_last)
+        yield xb, y[idx]
+
+
+def seed_loader(ctx: Ctx, batch: int):
+    """The book's input path: torchvision dataset, PIL Resize, DataLoader workers,
+    DistributedSampler (set_epoch per epoch)."""
+    from torchvision import datasets, transforms
+    tf = transforms.Compose([transforms.Resize(ctx.proto["image_size"]), transforms.ToTensor()])
+    ds = datasets.FashionMNIST(ctx.spec["inputs"]["data_root"], train=True, transform=tf)
+    if ctx.proto["train_images"] < len(ds):
+        ds = torch.utils.data.Subset(ds, range(ctx.proto["train_images"]))
+    sampler = torch.utils.data.distributed.DistributedSampler(ds, ctx.world, ctx.rank)
+    loader = torch.utils.data.DataLoader(ds, batch, sampler=sampler,
+                                         num_workers=ctx.proto["loader_workers"])
+    return sampler, loader
+
+
+# ---------------------------------------------------------------- model
+
+def build_ddp(ctx: Ctx, tuned: bool = False, **ddp_kwargs):
+    torch.manual_seed(0)
+    model = torch_resnet18().to(ctx.device)
+    if tuned:
+        model = model.to(memory_format=torch.channels_last)
+        ddp_kwargs = {"gradient_as_bucket_view": True, "static_graph": True, **ddp_kwargs}
+    model = DDP(model, device_ids=[ctx.local_rank] if ctx.cuda else None, **ddp_kwargs)
+    return model
+
+
+def autocast(ctx: Ctx, tuned: bool):
+    if not tuned:
+        return contextlib.nullcontext()
+    return torch.autocast(ctx.device.type, dtype=torch.bfloat16)
+
+
+def measure_matmul_peak(ctx: Ctx, n: int = 8192, iters: int = 20) -> float | None:
+    """bf16 dense matmul FLOP/s on this GPU, measured now: the MFU denominator."""
+    if not ctx.cuda:
+        return None
+    a = torch.randn(n, n, device=ctx.device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=ctx.device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    sync(ctx.device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    sync(ctx.device)
+    return 2 * n ** 3 * iters / (time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------- DDP throughput
+
+def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, epochs: int):
+    """The seed's loop. Epoch 0 warms up (cudnn autotune, compile); the last is timed."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, **({"fused": True} if tuned and ctx.cuda else {}))
+    loss_fn = nn.CrossEntropyLoss()
+    step = model
+    if tuned and ctx.spec.get("tuned_options", {}).get("compile", True):
+        step = torch.compile(model)
+    out = {}
+    for epoch in range(epochs):
+        timer, n, last = StepTimer(ctx.device), 0, None
+        if ctx.cuda:
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+        sync(ctx.device)
+        t0 = time.perf_counter()
+        for i, (X, y) in enumerate(batches_for_epoch(epoch)):
+            timer.mark()
+            X, y = X.to(ctx.device), y.to(ctx.device)
+            opt.zero_grad(set_to_none=True)
+            with autocast(ctx, tuned):
+                loss = loss_fn(step(X), y)
+            loss.backward()
+            opt.step()
+            n += X.shape[0]
+            last = loss
+            if i == 1:
+                ctx.maybe_fault("step")
+        timer.mark()
+        sync(ctx.device)   # this is a sync point: the clock stops when the GPU is done
+        dt = time.perf_counter() - t0
+        ctx.log(f"epoch {epoch}: {n} samples in {dt:.2f} s = {n / dt:.0f} samples/s"
+                + (" (warm-up)" if epoch < epochs - 1 else ""))
+        out = {"samples": n, "seconds": dt, "samples_per_s": n / dt,
+               "steps": summary(timer.step_ms()), "loss_last": float(last) if last is not None else None,
+               "peak_mem_MiB": torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.cuda else None}
+    return out
+
+
+def ddp_throughput(ctx: Ctx, strong: bool):
+    variant = ctx.spec["variant"]
+    k = ctx.world
+    batch = ctx.proto["global_batch"] // k if strong else ctx.proto["per_rank_batch"]
+    tuned = variant == "tuned"
+    model = build_ddp(ctx, tuned=tuned, **ctx.spec.get("ddp_options", {}))
+    if variant == "seed":
+        sampler, loader = seed_loader(ctx, batch)
+
+        def batches(epoch):
+            sampler.set_epoch(epoch)
+            return loader
+    else:
+        x, y, _ = load_cached(ctx)
+
+        def batches(epoch):
+            return cached_batches(ctx, x, y, batch, epoch, channels_last=tuned)
+    r = train_epochs(ctx, model, batches, tuned, ctx.proto["epochs"])
+    r["per_rank_batch"] = batch
+    return r
+
+
+def per_rank_merge(ctx: Ctx, mine: dict) -> list[dict] | None:
+    rows = [None] * ctx.world
+    dist.all_gather_object(rows, {"rank": ctx.rank, **mine})
+    return rows
+
+
+def throughput_metrics(ctx: Ctx, rows: list[dict], flops: int | None, peak: float | None) -> dict:
+    total = sum(r["samples_per_s"] for r in rows)   # the book sums per-rank samples/s
+    m = {"samples_per_s": total, "samples_per_s_per_device": total / ctx.world,
+         "per_rank_batch": rows[0]["per_rank_batch"], "global_batch": rows[0]["per_rank_batch"] * ctx.world,
+         "step_ms_median": rows[0]["steps"]["median_ms"], "step_ms_p10": rows[0]["steps"]["p10_ms"],
+         "step_ms_p90": rows[0]["steps"]["p90_ms"], "epoch_s": max(r["seconds"] for r in rows),
+         "loss_last": rows[0]["loss_last"],
+         "peak_mem_MiB": max((r["peak_mem_MiB"] or 0) for r in rows) or None,
+         "per_rank": rows}
+    if flops:
+        m["flops_per_sample"] = flops
+        m["achieved_TFLOPs_per_device"] = flops * m["samples_per_s_per_device"] / 1e12
+    if flops and peak:
+        m["bf16_matmul_peak_TFLOPs"] = peak / 1e12
+        m["mfu"] = flops * m["samples_per_s_per_device"] / peak
+    return m
+
+
+# ---------------------------------------------------------------- experiments
+
+def exp_ddp(ctx: Ctx, strong: bool):
+    peak = measure_matmul_peak(ctx) if ctx.cuda else None
+    mine = ddp_throughput(ctx, strong)
+    rows = per_rank_merge(ctx, mine)
+    flops = torch_flops_per_sample(ctx.proto["image_size"], ctx.device) if ctx.rank == 0 else None
+    return throughput_metrics(ctx, rows, flops, peak)
+
+
+def synthetic_batch(ctx: Ctx, batch: int):
+    g = torch.Generator(device="cpu").manual_seed(ctx.rank)
+    s = ctx.proto["image_size"]
+    X = torch.randn(batch, 1, s, s, generator=g).to(ctx.device)
+    y = torch.randint(0, 10, (batch,), generator=g).to(ctx.device)
+    return X, y
+
+
+def timed_steps(ctx: Ctx, fn, warmup: int, steps: int):
+    for _ in range(warmup):
+        fn()
+    sync(ctx.device)
+    dist.barrier()
+    timer = StepTimer(ctx.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        timer.mark()
+        fn()
+    timer.mark()
+    sync(ctx.device)
+    return (time.perf_counter() - t0) / steps, timer.step_ms()
+
+
+def bucket_sizes(model: DDP) -> list[int]:
+    """The gradient buckets DDP actually built (bytes), from its logging data."""
+    logging_data = model._get_ddp_logging_data()   # private, but the only source of truth
+    raw = logging_data.get("bucket_sizes", "")
+    return [int(b) for b in str(raw).split(",") if b.strip()]
+
+
+def exp_comm_probe(ctx: Ctx):
+    """synced vs no_sync() step time: the difference estimates what communication costs."""
+    model = build_ddp(ctx)
+    loss_fn = nn.CrossEntropyLoss()
+    X, y = synthetic_batch(ctx, ctx.proto["per_rank_batch"])
+
+    def fwd_bwd():
+        model.zero_grad(set_to_none=True)
+        loss_fn(model(X), y).backward()
+
+    def silent():
+        with model.no_sync():
+            fwd_bwd()
+    w, n = ctx.proto["probe_warmup"], ctx.proto["probe_steps"]
+    synced, synced_steps = timed_steps(ctx, fwd_bwd, w, n)
+    ctx.maybe_fault("step")
+    unsynced, unsynced_steps = timed_steps(ctx, silent, w, n)
+    rows = per_rank_merge(ctx, {"synced_ms": 1e3 * synced, "no_sync_ms": 1e3 * unsynced,
+                                "synced_steps": summary(synced_steps),
+                                "no_sync_steps": summary(unsynced_steps)})
+    buckets = bucket_sizes(model)
+    n_bytes = 4 * sum(p.numel() for p in model.parameters())
+    synced_ms = max(r["synced_ms"] for r in rows)     # the slowest rank sets the pace
+    no_sync_ms = max(r["no_sync_ms"] for r in rows)
+    m = {"synced_ms": synced_ms, "no_sync_ms": no_sync_ms, "comm_ms": synced_ms - no_sync_ms,
+         "grad_bytes": n_bytes, "bucket_bytes": buckets, "per_rank": rows,
+         "book_beta_GBps": 4.5, "pred_book_ms": 1e3 * 2 * n_bytes / 4.5e9}
+    sweeps = ctx.spec["inputs"].get("allreduce", {})
+    k2 = sweeps.get("2")
+    if k2:
+        res = load_result(k2)
+        if res["status"] == "ok":
+            sweep = {"bytes": [r["bytes"] for r in res["metrics"]["sweep"]],
+                     "time_s": [r["time_ms_median"] / 1e3 for r in res["metrics"]["sweep"]]}
+            m.update(costmodel.predict_comm(buckets or [n_bytes], sweep, ctx.world))
+            m["beta_source"] = k2
+    return m
+
+
+def exp_allreduce(ctx: Ctx):
+    """nccl-tests' protocol, in torch.distributed: per payload, a correctness check,
+    warm-up, then >= 20 timed iterations; algbw and busbw from the median."""
+    k, rows = ctx.world, []
+    expected = k * (k + 1) / 2
+    wrong = (ctx.fault or {}).get("kind") == "wrong_sum" and (ctx.fault or {}).get("rank", 1) == ctx.rank
+    all_ok = True
+    for mib in ctx.proto["allreduce_MiB"]:
+        n = int(mib * 2**20) // 4
+        x = torch.full((n,), float(ctx.rank + 1), device=ctx.device)
+        if wrong:
+            x[n // 2] += 1.0   # test hook: one element of one rank's input is off
+        dist.all_reduce(x)
+        bad = (x != expected).sum()
+        dist.all_reduce(bad)   # every rank's verdict, summed
+        ok = int(bad.item()) == 0
+        all_ok &= ok
+        x.normal_()
+        for _ in range(ctx.proto["allreduce_warmup"]):
+            dist.all_reduce(x)
+        sync(ctx.device)
+        dist.barrier()
+        times = []
+        if ctx.cuda:
+            evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                   for _ in range(ctx.proto["allreduce_iters"])]
+            for a, b in evs:
+                a.record()
+                dist.all_reduce(x)
+                b.record()
+            sync(ctx.device)
+            times = [a.elapsed_time(b) for a, b in evs]
+        else:
+            for _ in range(ctx.proto["allreduce_iters"]):
+                t0 = time.perf_counter()
+                dist.all_reduce(x)   # gloo on CPU tensors: synchronous
+                times.append(1e3 * (time.perf_counter() - t0))
+        med = torch.tensor(summary(times)["median_ms"], dtype=torch.float64, device=ctx.device)
+        dist.all_reduce(med, op=dist.ReduceOp.MAX)   # the slowest rank is the collective's time
+        t = med.item() / 1e3
+        size = n * 4
+        st = summary(times)
+        rows.append({"MiB": mib, "bytes": size, "time_ms_median": 1e3 * t,
+                     "time_ms_p10": st["p10_ms"], "time_ms_p90": st["p90_ms"], "iters": st["n"],
+                     "algbw_GBps": costmodel.algbw(size, t) / 1e9,
+                     "busbw_GBps": costmodel.busbw(size, t, k) / 1e9,
+                     "book_GBps": costmodel.book_beta(size, t) / 1e9, "correct": ok})
+        if ctx.rank == 0:
+            r = rows[-1]
+            ctx.log(f"{size:>12d} B  {r['time_ms_median']:9.3f} ms  algbw {r['algbw_GBps']:8.2f}  "
+                    f"busbw {r['busbw_GBps']:8.2f} GB/s  {'OK' if ok else 'WRONG SUM'}")
+    m = {"sweep": rows, "correct": all_ok}
+    by = {r["MiB"]: r for r in rows}
+    for mib in (64, 256):
+        if mib in by:
+            m[f"busbw_GBps_{mib}MiB"] = by[mib]["busbw_GBps"]
+    m["busbw_GBps_max"] = max(r["busbw_GBps"] for r in rows)
+    if not all_ok:
+        bad = [r["MiB"] for r in rows if not r["correct"]]
+        m["_status"] = ("failed", f"correctness check failed: wrong all-reduce sum at {bad} MiB "
+                        f"(expected every element = k(k+1)/2 = {expected:g})")
+    return m
+
+
+def exp_memcpy_training(ctx: Ctx):
+    """Exercise 3: the weak-scaling DDP run with NCCL_SHM_USE_CUDA_MEMCPY=1 set.
+    On the book's box this wedges within seconds; the watchdog records that."""
+    r = ddp_throughput(ctx, strong=False)
+    rows = per_rank_merge(ctx, r)
+    return throughput_metrics(ctx, rows, None, None)
+
+
+def exp_bucket_sweep(ctx: Ctx):
+    """Exercise 1: DDP throughput against bucket_cap_mb, on device-resident batches."""
+    batch = ctx.proto["per_rank_batch"]
+    X, y = synthetic_batch(ctx, batch)
+    loss_fn = nn.CrossEntropyLoss()
+    rows = []
+    for cap in ctx.proto["bucket_cap_MiB"]:
+        model = build_ddp(ctx, bucket_cap_mb=cap)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model(X), y).backward()
+            opt.step()
+        mean_s, steps = timed_steps(ctx, step, max(2, ctx.proto["sweep_steps"] // 5), ctx.proto["sweep_steps"])
+        t = torch.tensor(mean_s, dtype=torch.float64, device=ctx.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        st = summary(steps)
+        rows.append({"bucket_cap_MiB": cap, "n_buckets": len(bucket_sizes(model)),
+                     "samples_per_s": batch * ctx.world / t.item(), "step_ms_median": st["median_ms"],
+                     "step_ms_p10": st["p10_ms"], "step_ms_p90": st["p90_ms"]})
+        if ctx.rank == 0:
+            ctx.log(f"bucket_cap_mb={cap}: {rows[-1]['samples_per_s']:.0f} samples/s")
+        del model, opt
+    best = max(rows, key=lambda r: r["samples_per_s"])
+    return {"sweep": rows, "best_bucket_cap_MiB": best["bucket_cap_MiB"],
+            "best_samples_per_s": best["samples_per_s"]}
+
+
+def _state_bytes(model, opt) -> dict:
+    def local(t):
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+    params = sum(local(p) for p in model.parameters())
+    grads = sum(local(p.grad) for p in model.parameters() if p.grad is not None)
+    states = sum(local(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
+    return {"params_MiB": params / 2**20, "grads_MiB": grads / 2**20, "optimizer_MiB": states / 2**20}
+
+
+def exp_fsdp(ctx: Ctx):
+    """FSDP2 (fully_shard per residual stage, then the root, over a 1-D DeviceMesh)
+    beside DDP, same steps, same batches; SGD with momentum so there is optimizer
+    state to shard."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    batch = ctx.proto["per_rank_batch"]
+    X, y = synthetic_batch(ctx, batch)
+    loss_fn = nn.CrossEntropyLoss()
+    out = {}
+    for name in ("fsdp", "ddp"):
+        torch.manual_seed(0)
+        if name == "fsdp":
+            mesh = init_device_mesh(ctx.device.type, (ctx.world,))
+            model = torch_resnet18().to(ctx.device)
+            for stage in residual_stages(model):
+                fully_shard(stage, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+        else:
+            model = build_ddp(ctx)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        def step():
+            opt.zero_grad(set_to_none=False)   # keep grads: we count their bytes
+            loss_fn(model(X), y).backward()
+            opt.step()
+        for _ in range(2):
+            step()
+        if ctx.cuda:
+            sync(ctx.device)
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+        mean_s, steps = timed_steps(ctx, step, 0, ctx.proto["sweep_steps"])
+        st = summary(steps)
+        mine = {**_state_bytes(model, opt), "step_ms_median": st["median_ms"],
+                "samples_per_s": batch / mean_s,
+                "peak_mem_MiB": torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.cuda else None}
+        rows = per_rank_merge(ctx, mine)
+        out[name] = {"samples_per_s": sum(r["samples_per_s"] for r in rows),
+                     "peak_mem_MiB_max": max((r["peak_mem_MiB"] or 0) for r in rows) or None,
+                     "state_MiB_per_rank": max(r["params_MiB"] + r["grads_MiB"] + r["optimizer_MiB"] for r in rows),
+                     "per_rank": rows}
+        if ctx.rank == 0:
+            ctx.log(f"{name}: {out[name]['samples_per_s']:.0f} samples/s, state "
+                    f"{out[name]['state_MiB_per_rank']:.1f} MiB/rank, peak {out[name]['peak_mem_MiB_max']}")
+        del model, opt
+        if ctx.cuda:
+            torch.cuda.empty_cache()
+    return {"fsdp": out["fsdp"], "ddp": out["ddp"],
+            "state_ratio_fsdp_over_ddp": out["fsdp"]["state_MiB_per_rank"] / out["ddp"]["state_MiB_per_rank"],
+            "zero_sizing_7B_8x80GB": costmodel.zero_table(),
+            "optimizer": "SGD(lr=0.1, momentum=0.9)"}
+
+
+EXPERIMENTS = {
+    "ddp_weak": lambda ctx: exp_ddp(ctx, strong=False),
+    "ddp_strong": lambda ctx: exp_ddp(ctx, strong=True),
+    "ddp_comm_probe": exp_comm_probe,
+    "allreduce": exp_allreduce,
+    "ddp_memcpy_training": exp_memcpy_training,
+    "ddp_bucket_sweep": exp_bucket_sweep,
+    "fsdp": exp_fsdp,
+}
+
+
+def runtime_versions(ctx: Ctx) -> dict:
+    v = {"torch": torch.__version__, "device": torch.cuda.get_device_name(ctx.device) if ctx.cuda else "cpu",
+         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if ctx.cuda else None,
+         "cuda_runtime": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if ctx.cuda else None,
+         "world_size": ctx.world, "hostname": os.uname().nodename}
+    v["env"] = {k: val for k, val in os.environ.items()
+                if k.startswith(("NCCL_", "TORCH_NCCL_", "TORCH_SYMM", "NVSHMEM_", "OMP_NUM"))}
+    return v
+
+
+def run(spec: dict, result_path: str) -> None:
+    ctx = Ctx(spec)
+    started = utc_now()
+    if ctx.cuda:
+        torch.cuda.set_device(ctx.device)
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.benchmark = True
+    timeout = _dt.timedelta(seconds=float(spec["limit_s"]))
+    kwargs = {"device_id": ctx.device} if ctx.cuda else {}
+    dist.init_process_group(spec["backend"], timeout=timeout, **kwargs)
+    try:
+        ctx.log(f"{spec['experiment']}/{spec['variant']} k={ctx.world} backend={spec['backend']} "
+                f"device={ctx.device}")
+        ctx.maybe_fault("init")
+        metrics = EXPERIMENTS[spec["experiment"]](ctx)
+        if ctx.rank == 0:
+            status, reason = metrics.pop("_status", ("ok", None))
+            meta = json.loads(Path(spec["inputs"]["cache_meta"]).read_text())
+            write_json_atomic(result_path, make_result(
+                experiment=spec["experiment"], variant=spec["variant"], k=ctx.world, status=status,
+                reason=reason, metrics=metrics, config=spec["config"], fingerprint=spec["fingerprint"],
+                backend=spec["backend"], started_utc=started, data=dsdata.provenance(meta),
+                runtime=runtime_versions(ctx), env=spec.get("env", {})))
+            ctx.log(f"wrote {result_path}")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
