@@ -12,7 +12,7 @@ rule download:
         timeout_s=config["data"]["timeout_s"],
     shell:
         "python {SCRIPTS}/download.py --root {DATA} --source {params.source}"
-        " --mirrors {params.mirrors:q} --local-dir {params.local_dir:q}"
+        " --mirrors {params.mirrors:q} --local-dir={params.local_dir:q}"
         " --retries {params.retries} --timeout-s {params.timeout_s} > {log} 2>&1"
 
 

@@ -281,10 +281,16 @@ def build_cache(root, size: int, out_npz, out_json) -> dict:
         x = read_idx(raw_dir(root) / img_name)
         arrays[f"{split}_x"] = resize_split(x, size)
         arrays[f"{split}_y"] = read_idx(raw_dir(root) / lbl_name).astype(np.int64)
+    return write_cache(arrays, prov, out_npz, out_json)
+
+
+def write_cache(arrays: dict, prov: dict, out_npz, out_json) -> dict:
+    """The .npz atomically, then its sha256 and provenance beside it."""
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     write_atomic(out_npz, buf.getvalue())
-    meta = {"sha256": sha256(out_npz), "image_size": size, "bytes": Path(out_npz).stat().st_size,
+    meta = {"sha256": sha256(out_npz), "image_size": int(arrays["train_x"].shape[-1]),
+            "bytes": Path(out_npz).stat().st_size,
             "n_train": len(arrays["train_y"]), "n_test": len(arrays["test_y"]),
             "source": prov["source"], "origin": prov.get("origin"), "created_utc": utc_now()}
     write_json_atomic(out_json, meta)

@@ -169,7 +169,7 @@ def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, epochs: int):
         ctx.log(f"epoch {epoch}: {n} samples in {dt:.2f} s = {n / dt:.0f} samples/s"
                 + (" (warm-up)" if epoch < epochs - 1 else ""))
         out = {"samples": n, "seconds": dt, "samples_per_s": n / dt,
-               "steps": summary(timer.step_ms()), "loss_last": float(last) if last is not None else None,
+               "steps": summary(timer.step_ms()), "loss_last": float(last.detach()) if last is not None else None,
                "peak_mem_MiB": torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.cuda else None}
     return out
 
@@ -253,11 +253,27 @@ def timed_steps(ctx: Ctx, fn, warmup: int, steps: int):
     return (time.perf_counter() - t0) / steps, timer.step_ms()
 
 
-def bucket_sizes(model: DDP) -> list[int]:
-    """The gradient buckets DDP actually built (bytes), from its logging data."""
-    logging_data = model._get_ddp_logging_data()   # private, but the only source of truth
-    raw = logging_data.get("bucket_sizes", "")
-    return [int(b) for b in str(raw).split(",") if b.strip()]
+def bucket_sizes(ctx: Ctx, **ddp_kwargs) -> list[int]:
+    """The gradient buckets (bytes) DDP really all-reduces, in order.
+
+    DDP puts every gradient in one bucket at construction and rebuilds the buckets
+    in backward order after the first iteration; its logging data keeps only the
+    construction-time sizes. So a throwaway replica with a recording comm hook runs
+    two steps and reports what the second one sent."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    seen: list[list[int]] = [[]]
+
+    def record(state, bucket):
+        seen[-1].append(bucket.buffer().numel() * bucket.buffer().element_size())
+        return allreduce_hook(state, bucket)
+    model = build_ddp(ctx, **ddp_kwargs)
+    model.register_comm_hook(None, record)
+    X, y = synthetic_batch(ctx, 2)
+    for _ in range(2):
+        seen.append([])
+        nn.functional.cross_entropy(model(X), y).backward()
+    del model
+    return seen[-1]
 
 
 def exp_comm_probe(ctx: Ctx):
@@ -280,7 +296,7 @@ def exp_comm_probe(ctx: Ctx):
     rows = per_rank_merge(ctx, {"synced_ms": 1e3 * synced, "no_sync_ms": 1e3 * unsynced,
                                 "synced_steps": summary(synced_steps),
                                 "no_sync_steps": summary(unsynced_steps)})
-    buckets = bucket_sizes(model)
+    buckets = bucket_sizes(ctx)
     n_bytes = 4 * sum(p.numel() for p in model.parameters())
     synced_ms = max(r["synced_ms"] for r in rows)     # the slowest rank sets the pace
     no_sync_ms = max(r["no_sync_ms"] for r in rows)
@@ -389,7 +405,8 @@ def exp_bucket_sweep(ctx: Ctx):
         t = torch.tensor(mean_s, dtype=torch.float64, device=ctx.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         st = summary(steps)
-        rows.append({"bucket_cap_MiB": cap, "n_buckets": len(bucket_sizes(model)),
+        sizes = bucket_sizes(ctx, bucket_cap_mb=cap)
+        rows.append({"bucket_cap_MiB": cap, "n_buckets": len(sizes), "bucket_bytes": sizes,
                      "samples_per_s": batch * ctx.world / t.item(), "step_ms_median": st["median_ms"],
                      "step_ms_p10": st["p10_ms"], "step_ms_p90": st["p90_ms"]})
         if ctx.rank == 0:

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         kill_group(proc.pid, grace)
         proc.wait()
     stray = _group_alive(proc.pid)
-    logs = collect_rank_logs(rank_dir, Path(str(rank_dir).removesuffix(".ranks")))
+    logs = collect_rank_logs(rank_dir, Path(str(rank_dir).removesuffix(".ranks").removesuffix(".log")))
     text = "".join(p.read_text(errors="replace") for p in logs)
     if not hung and rc != 0 and TIMEOUT_MARKERS.search(text):
         hung = True  # the process-group timeout fired inside a rank before our limit

@@ -1,0 +1,77 @@
+"""Shared fixtures: a tiny synthetic dataset and resize cache, and a runner that
+launches a measurement exactly as the workflow does (watchdog + torchrun)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from dpscale import data, specs  # noqa: E402
+
+CPU_FP = {"gpu_model": None, "gpu_count": 0, "gpu_memory_MiB": None, "driver": None, "cuda": None,
+          "nccl": None, "interconnect": "none", "cpu_model": "test-cpu", "cpu_count": 2,
+          "python": "3.11", "torch": "2.14.1", "torchvision": "0.29.1", "jax": "0.10.2",
+          "jaxlib": "0.10.2", "flax": "0.12.8", "optax": "0.2.8", "numpy": "2"}
+
+TINY = {"image_size": 16, "train_images": 64, "epochs": 2, "per_rank_batch": 4, "global_batch": 8,
+        "loader_workers": 0, "probe_warmup": 1, "probe_steps": 3, "allreduce_MiB": [0.0625, 0.25],
+        "allreduce_warmup": 1, "allreduce_iters": 20, "bucket_cap_MiB": [1, 25], "sweep_steps": 2,
+        "memcpy_timeout_s": 20}
+
+
+def env_with_src() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """Raw synthetic IDX files (torchvision's layout) and a 16-px cache of 256 images."""
+    root = tmp_path_factory.mktemp("data")
+    data.fetch(root, "synthetic", [])
+    x, y = data.synthetic(256, seed=0)
+    xt, yt = data.synthetic(64, seed=1)
+    arrays = {"train_x": data.resize_split(x, 16), "train_y": y.astype(np.int64),
+              "test_x": data.resize_split(xt, 16), "test_y": yt.astype(np.int64)}
+    data.write_cache(arrays, {"source": "synthetic", "origin": "tests"}, root / "fmnist_16px.npz",
+                     root / "fmnist_16px.json")
+    return root
+
+
+def make_spec(tiny_data, experiment, k, variant="default", limit_s=60, proto=None, fp=None, inputs=None):
+    resolved = {"scale": "smoke", "protocol": {**TINY, **(proto or {})}, "ks": [1, 2], "tuned": False,
+                "watchdog": {"hang_timeout_s": limit_s, "grace_s": 3}, "experiments": [experiment]}
+    base = {"cache": str(tiny_data / "fmnist_16px.npz"), "cache_meta": str(tiny_data / "fmnist_16px.json"),
+            "data_root": str(tiny_data)}
+    return specs.job_spec(resolved, fp or CPU_FP, experiment, variant, k, {**base, **(inputs or {})})
+
+
+def run_job(spec: dict, out_dir: Path, fault: str = "", timeout: float = 240):
+    """Run one measurement job the way the rule does; return (rc, result-or-None, log text)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result, log = out_dir / "k.json", out_dir / "k.log"
+    s = specs.dumps(spec)
+    if spec["experiment"].startswith("jax"):
+        inner = [sys.executable, str(ROOT / "scripts/jax_worker.py")]
+    else:
+        inner = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 f"--nproc-per-node={spec['k']}", "--log-dir", f"{log}.ranks", "--redirects", "3",
+                 "--tee", "3", str(ROOT / "scripts/torch_worker.py")]
+    cmd = [sys.executable, str(ROOT / "scripts/watchdog.py"), "--spec", s, "--result", str(result),
+           "--rank-logs", f"{log}.ranks", "--", *inner, "--spec", s, "--result", str(result)]
+    env = env_with_src()
+    if fault:
+        env["DPSCALE_FAULT"] = fault
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
+    res = json.loads(result.read_text()) if result.exists() else None
+    return rc, res, log.read_text()
