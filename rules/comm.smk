@@ -12,11 +12,14 @@ rule allreduce:
     wildcard_constraints:
         variant="default|memcpy",
         k=r"\d+",
-    params:
-        spec=spec_of("allreduce"),
+    conda:
+        "../envs/torch.yaml"
     resources:
         gpu=gpus_of,
         measure=1,
+    params:
+        scripts=SCRIPTS,
+        spec=spec_of("allreduce"),
     shell:
         TORCHRUN
 
@@ -32,11 +35,14 @@ rule ddp_comm_probe:
         "logs/ddp_comm_probe/k{k}.log",
     wildcard_constraints:
         k=r"\d+",
-    params:
-        spec=spec_of("ddp_comm_probe"),
+    conda:
+        "../envs/torch.yaml"
     resources:
         gpu=gpus_of,
         measure=1,
+    params:
+        scripts=SCRIPTS,
+        spec=spec_of("ddp_comm_probe"),
     shell:
         TORCHRUN
 
@@ -51,10 +57,13 @@ rule ddp_memcpy_training:
         "logs/ddp_memcpy_training/k{k}.log",
     wildcard_constraints:
         k=r"\d+",
-    params:
-        spec=spec_of("ddp_memcpy_training"),
+    conda:
+        "../envs/torch.yaml"
     resources:
         gpu=gpus_of,
         measure=1,
+    params:
+        scripts=SCRIPTS,
+        spec=spec_of("ddp_memcpy_training"),
     shell:
         TORCHRUN

@@ -1,26 +1,14 @@
-# Helpers shared by the rule files: the resolved config, the machine's
-# fingerprint, job specs and targets. Parse-time work stays light (no torch/jax).
-import os
-import sys
+# Helpers for every stage: the resolved config, the machine's fingerprint, job
+# specs and targets. Parse-time work stays light (no torch, no jax).
+# (The Snakefile put src/ on sys.path; scripts find the package themselves.)
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-SRC = str(Path(workflow.basedir) / "src")
-sys.path.insert(0, SRC)
-# Jobs (and torchrun's ranks) import the same package.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [SRC] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-)
-
-from dpscale import config as dsconfig, fingerprint as dsfp, specs  # noqa: E402
+from dpscale import config as dsconfig, fingerprint as dsfp, specs
 
 try:
-    FP = (
-        dsfp.load(config["hardware_file"])
-        if config["hardware_file"]
-        else dsfp.probe()
-    )
+    FP = dsfp.load(config["hardware_file"]) if config["hardware_file"] else dsfp.probe()
     RESOLVED = dsconfig.resolve(config, FP)
 except ValueError as e:  # ConfigError, bad hardware_file
     raise WorkflowError(f"Invalid configuration: {e}")
@@ -31,8 +19,17 @@ SIZE = PROTO["image_size"]
 DATA = "results/data"
 CACHE = f"{DATA}/fmnist_{SIZE}px.npz"
 CACHE_META = f"{DATA}/fmnist_{SIZE}px.json"
-RAW = [f"{DATA}/FashionMNIST/raw/{n}" for n in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")]
+RAW = [
+    f"{DATA}/FashionMNIST/raw/{n}"
+    for n in (
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    )
+]
 TARGETS = specs.targets(RESOLVED)
+# Entry points, passed to each job as params.scripts (lint: no globals in shell).
 SCRIPTS = str(Path(workflow.basedir) / "scripts")
 
 
@@ -44,13 +41,15 @@ def job_inputs(experiment, variant, k):
 
 
 def spec_of(experiment):
-    """params: the job's spec as canonical JSON (reruns exactly when it changes)."""
+    """The job's spec as canonical JSON, a params value: reruns exactly when it changes."""
 
     def spec(wildcards):
         variant = wildcards.get("variant", "default")
         k = int(wildcards.k)
         return specs.dumps(
-            specs.job_spec(RESOLVED, FP, experiment, variant, k, job_inputs(experiment, variant, k))
+            specs.job_spec(
+                RESOLVED, FP, experiment, variant, k, job_inputs(experiment, variant, k)
+            )
         )
 
     return spec
@@ -63,10 +62,10 @@ def gpus_of(wildcards):
 
 # torchrun under the watchdog: one process per device, rank logs under logs/.
 TORCHRUN = (
-    "python {SCRIPTS}/watchdog.py --spec {params.spec:q} --result {output.json}"
+    "python {params.scripts}/watchdog.py --spec {params.spec:q} --result {output.json}"
     " --rank-logs {log}.ranks --"
     " torchrun --standalone --nproc-per-node={wildcards.k}"
     " --log-dir {log}.ranks --redirects 3 --tee 3"
-    " {SCRIPTS}/torch_worker.py --spec {params.spec:q} --result {output.json}"
+    " {params.scripts}/torch_worker.py --spec {params.spec:q} --result {output.json}"
     " > {log} 2>&1"
 )

@@ -4,14 +4,17 @@ rule download:
         provenance=f"{DATA}/source.json",
     log:
         "logs/data/download.log",
+    conda:
+        "../envs/torch.yaml"
     params:
+        scripts=SCRIPTS,
         source=config["data"]["source"],
         mirrors=config["data"]["mirrors"],
         local_dir=config["data"]["local_dir"] or "",
         retries=config["data"]["retries"],
         timeout_s=config["data"]["timeout_s"],
     shell:
-        "python {SCRIPTS}/download.py --root {DATA} --source {params.source}"
+        "python {params.scripts}/download.py --root $(dirname {output.provenance}) --source {params.source}"
         " --mirrors {params.mirrors:q} --local-dir={params.local_dir:q}"
         " --retries {params.retries} --timeout-s {params.timeout_s} > {log} 2>&1"
 
@@ -27,6 +30,10 @@ rule resize:
         "logs/data/resize_{size}px.log",
     wildcard_constraints:
         size=r"\d+",
+    conda:
+        "../envs/torch.yaml"
+    params:
+        scripts=SCRIPTS,
     shell:
-        "python {SCRIPTS}/resize.py --root {DATA} --size {wildcards.size}"
+        "python {params.scripts}/resize.py --root $(dirname {input.provenance}) --size {wildcards.size}"
         " --out {output.cache} --meta {output.meta} > {log} 2>&1"

@@ -1,9 +1,9 @@
 # JAX data parallelism: one process sees k devices (GPUs, or k host devices on a
 # CPU-only machine); weak scaling, the HLO all-reduce census, the equality check.
 JAXRUN = (
-    "python {SCRIPTS}/watchdog.py --spec {params.spec:q} --result {output.json}"
+    "python {params.scripts}/watchdog.py --spec {params.spec:q} --result {output.json}"
     " --rank-logs {log}.ranks --"
-    " python {SCRIPTS}/jax_worker.py --spec {params.spec:q} --result {output.json}"
+    " python {params.scripts}/jax_worker.py --spec {params.spec:q} --result {output.json}"
     " > {log} 2>&1"
 )
 
@@ -19,11 +19,14 @@ rule jax_weak:
     wildcard_constraints:
         variant="host|device|tuned",
         k=r"\d+",
-    params:
-        spec=spec_of("jax_weak"),
+    conda:
+        "../envs/jax.yaml"
     resources:
         gpu=gpus_of,
         measure=1,
+    params:
+        scripts=SCRIPTS,
+        spec=spec_of("jax_weak"),
     shell:
         JAXRUN
 
@@ -38,11 +41,14 @@ rule jax_hlo:
         "logs/jax_hlo/k{k}.log",
     wildcard_constraints:
         k=r"\d+",
-    params:
-        spec=spec_of("jax_hlo"),
+    conda:
+        "../envs/jax.yaml"
     resources:
         gpu=gpus_of,
         measure=1,
+    params:
+        scripts=SCRIPTS,
+        spec=spec_of("jax_hlo"),
     shell:
         JAXRUN
 
@@ -57,10 +63,13 @@ rule jax_equality:
         "logs/jax_equality/k{k}.log",
     wildcard_constraints:
         k=r"\d+",
-    params:
-        spec=spec_of("jax_equality"),
+    conda:
+        "../envs/jax.yaml"
     resources:
         gpu=gpus_of,
         measure=1,
+    params:
+        scripts=SCRIPTS,
+        spec=spec_of("jax_equality"),
     shell:
         JAXRUN

@@ -14,11 +14,14 @@ rule ddp_weak:
     wildcard_constraints:
         variant="seed|cached|tuned",
         k=r"\d+",
-    params:
-        spec=spec_of("ddp_weak"),
+    conda:
+        "../envs/torch.yaml"
     resources:
         gpu=gpus_of,
         measure=1,
+    params:
+        scripts=SCRIPTS,
+        spec=spec_of("ddp_weak"),
     shell:
         TORCHRUN
 
@@ -35,11 +38,14 @@ rule ddp_strong:
     wildcard_constraints:
         variant="seed|cached|tuned",
         k=r"\d+",
-    params:
-        spec=spec_of("ddp_strong"),
+    conda:
+        "../envs/torch.yaml"
     resources:
         gpu=gpus_of,
         measure=1,
+    params:
+        scripts=SCRIPTS,
+        spec=spec_of("ddp_strong"),
     shell:
         TORCHRUN
 
@@ -53,11 +59,14 @@ rule ddp_bucket_sweep:
         "logs/ddp_bucket_sweep/k{k}.log",
     wildcard_constraints:
         k=r"\d+",
-    params:
-        spec=spec_of("ddp_bucket_sweep"),
+    conda:
+        "../envs/torch.yaml"
     resources:
         gpu=gpus_of,
         measure=1,
+    params:
+        scripts=SCRIPTS,
+        spec=spec_of("ddp_bucket_sweep"),
     shell:
         TORCHRUN
 
@@ -71,10 +80,13 @@ rule fsdp:
         "logs/fsdp/k{k}.log",
     wildcard_constraints:
         k=r"\d+",
-    params:
-        spec=spec_of("fsdp"),
+    conda:
+        "../envs/torch.yaml"
     resources:
         gpu=gpus_of,
         measure=1,
+    params:
+        scripts=SCRIPTS,
+        spec=spec_of("fsdp"),
     shell:
         TORCHRUN

@@ -6,9 +6,12 @@ md5, retried, written atomically; never falls back), local (the four .gz files
 from --local-dir), synthetic (a deterministic labelled stand-in), auto (download,
 falling back loudly to the stand-in). Provenance goes to ROOT/source.json.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the package beside the workflow
 import argparse
 import logging
-import sys
 
 from dpscale.data import DataError, fetch
 

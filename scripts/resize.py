@@ -2,6 +2,10 @@
 """Build the resize cache: every image resized once, the seed's way (torchvision
 Resize on PIL images, antialiased bilinear, uint8), stored with the labels in one
 .npz, its sha256 and provenance in a JSON beside it. Readers verify the sha256."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the package beside the workflow
 import argparse
 import logging
 import time

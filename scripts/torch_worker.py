@@ -7,6 +7,10 @@ no_sync probe, all-reduce sweep, memcpy training, bucket sweep, FSDP).
 The spec (built by the workflow's rules/common.smk) names the experiment, its
 protocol numbers and input files. Rank 0 writes OUT.json atomically.
 """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the package beside the workflow
 import argparse
 import json
 

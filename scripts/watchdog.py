@@ -9,6 +9,9 @@ crashed rank fails the job with per-rank logs kept and no result left.
 See dpscale.watchdog.
 """
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the package beside the workflow
 
 from dpscale.watchdog import main
 

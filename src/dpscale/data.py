@@ -69,7 +69,7 @@ def md5(path: str | os.PathLike) -> str:
 # ---------------------------------------------------------------- download
 
 def download(root, mirrors: list[str], retries: int = 3, timeout_s: float = 30.0,
-             backoff_s: float = 1.0) -> list[str]:
+             backoff_s: float = 1.0, resources=RESOURCES) -> list[str]:
     """Fetch the four files from the first mirror that serves each intact.
 
     Each file goes to a temp folder beside its destination, is checked against the
@@ -84,31 +84,15 @@ def download(root, mirrors: list[str], retries: int = 3, timeout_s: float = 30.0
     used, old_timeout = [], socket.getdefaulttimeout()
     socket.setdefaulttimeout(timeout_s)   # download_url has no timeout of its own
     try:
-        for name, digest in RESOURCES:
-            errors = []
+        for name, digest in resources:
+            errors, got = [], None
             for mirror in mirrors:
-                url = mirror.rstrip("/") + "/" + name
-                for attempt in range(1, retries + 1):
-                    with tempfile.TemporaryDirectory(dir=dest, prefix=".dl-") as tmp:
-                        try:
-                            download_url(url, tmp, name, md5=digest)
-                        except Exception as e:  # URLError, OSError, RuntimeError(corrupted)
-                            corrupted = isinstance(e, RuntimeError)
-                            errors.append(f"{url} (attempt {attempt}): "
-                                          + ("checksum mismatch (md5 != published "
-                                             f"{digest})" if corrupted else f"{type(e).__name__}: {e}"))
-                            log.warning(errors[-1])
-                            if corrupted:
-                                break  # the mirror serves a bad file: retrying won't help
-                            time.sleep(backoff_s * attempt)
-                            continue
-                        os.replace(Path(tmp) / name, dest / name)
+                got = _fetch_one(mirror.rstrip("/") + "/" + name, dest, name, digest,
+                                 retries, backoff_s, errors, download_url)
+                if got:
                     used.append(mirror)
                     break
-                else:
-                    continue
-                break
-            else:
+            if not got:
                 raise DataError(f"could not download {name} intact from any mirror:\n  "
                                 + "\n  ".join(errors)
                                 + "\nSet data.mirrors to a reachable mirror, data.source: local with "
@@ -116,6 +100,26 @@ def download(root, mirrors: list[str], retries: int = 3, timeout_s: float = 30.0
     finally:
         socket.setdefaulttimeout(old_timeout)
     return used
+
+
+def _fetch_one(url, dest: Path, name, digest, retries, backoff_s, errors, download_url) -> bool:
+    """One mirror: up to `retries` attempts; True once the file is in place, intact."""
+    for attempt in range(1, retries + 1):
+        with tempfile.TemporaryDirectory(dir=dest, prefix=".dl-") as tmp:
+            try:
+                download_url(url, tmp, name, md5=digest)
+            except RuntimeError:  # torchvision: "File not found or corrupted."
+                errors.append(f"{url} (attempt {attempt}): checksum mismatch (md5 != published {digest})")
+                log.warning(errors[-1])
+                return False   # the mirror serves a bad file: retrying won't help
+            except OSError as e:  # URLError, timeouts, refused connections
+                errors.append(f"{url} (attempt {attempt}): {type(e).__name__}: {e}")
+                log.warning(errors[-1])
+                time.sleep(backoff_s * attempt)
+                continue
+            os.replace(Path(tmp) / name, dest / name)
+            return True
+    return False
 
 
 def copy_local(root, local_dir) -> None:
@@ -220,7 +224,7 @@ def write_synthetic(root) -> None:
 # ---------------------------------------------------------------- the rule
 
 def fetch(root, source: str, mirrors: list[str], local_dir=None, retries: int = 3,
-          timeout_s: float = 30.0) -> dict:
+          timeout_s: float = 30.0, backoff_s: float = 1.0, resources=RESOURCES) -> dict:
     """Materialise the raw dataset under `root` and return its provenance.
 
     source: download (never falls back), local, synthetic, or auto (download, and
@@ -235,7 +239,8 @@ def fetch(root, source: str, mirrors: list[str], local_dir=None, retries: int = 
         prov.update(source="synthetic", origin="dpscale.data.synthetic (seeds 0, 1)")
     elif source in ("download", "auto"):
         try:
-            used = download(root, mirrors, retries=retries, timeout_s=timeout_s)
+            used = download(root, mirrors, retries=retries, timeout_s=timeout_s,
+                            backoff_s=backoff_s, resources=resources)
             prov.update(source="real", origin=sorted(set(used)))
         except DataError as e:
             if source == "download":
@@ -251,7 +256,7 @@ def fetch(root, source: str, mirrors: list[str], local_dir=None, retries: int = 
         raise DataError(f"data.source: {source!r} is not one of auto, download, local, synthetic")
     unpack(root)
     prov["files"] = {name: {"md5": md5(raw_dir(root) / name), "published_md5": digest}
-                     for name, digest in RESOURCES}
+                     for name, digest in resources}
     write_json_atomic(root / "source.json", prov)
     return prov
 

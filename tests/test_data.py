@@ -1,0 +1,147 @@
+"""Data stage: the real download code against an HTTP server on loopback
+(success, a corrupted file, no server), the stand-in, IDX, and the resize cache."""
+from __future__ import annotations
+
+import functools
+import http.server
+import shutil
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpscale import data
+
+
+@pytest.fixture(scope="module")
+def served_files(tmp_path_factory):
+    """Synthetic .gz files and their md5s, standing in for the published ones."""
+    root = tmp_path_factory.mktemp("src")
+    data.write_synthetic(root)
+    files = data.raw_dir(root)
+    resources = tuple((name, data.md5(files / name)) for name, _ in data.RESOURCES)
+    return files, resources
+
+
+class _Server:
+    def __init__(self, folder: Path):
+        handler = functools.partial(_QuietHandler, directory=str(folder))
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/"   # nothing listens there now
+
+
+def test_download_success(tmp_path, served_files):
+    files, resources = served_files
+    with _Server(files) as srv:
+        used = data.download(tmp_path, [srv.url], retries=1, resources=resources)
+    assert used == [srv.url] * 4
+    for name, digest in resources:
+        assert data.md5(data.raw_dir(tmp_path) / name) == digest
+    assert not list(data.raw_dir(tmp_path).glob(".dl-*")), "temp folders left behind"
+
+
+def test_corrupted_file_tries_next_mirror_then_fails_clearly(tmp_path, served_files):
+    files, resources = served_files
+    bad = tmp_path / "bad"
+    shutil.copytree(files, bad)
+    victim = bad / "train-labels-idx1-ubyte.gz"
+    victim.write_bytes(victim.read_bytes()[:-10] + b"0123456789")
+    with _Server(bad) as bad_srv, _Server(files) as good_srv:
+        used = data.download(tmp_path / "a", [bad_srv.url, good_srv.url], retries=2, resources=resources)
+        assert used[1] == good_srv.url and used[0] == bad_srv.url
+        with pytest.raises(data.DataError) as e:
+            data.download(tmp_path / "b", [bad_srv.url], retries=2, backoff_s=0, resources=resources)
+    msg = str(e.value)
+    assert "train-labels-idx1-ubyte.gz" in msg and "checksum mismatch" in msg
+    assert msg.count("attempt") == 1, "a bad checksum must not be retried on the same mirror"
+    assert not (data.raw_dir(tmp_path / "b") / "train-labels-idx1-ubyte.gz").exists()
+
+
+def test_no_server_falls_back_under_auto_and_fails_under_download(tmp_path, served_files, caplog):
+    _, resources = served_files
+    url = _closed_port_url()
+    prov = data.fetch(tmp_path / "auto", "auto", [url], retries=2, backoff_s=0, resources=resources)
+    assert prov["source"] == "synthetic" and "Connection refused" in prov["fallback_reason"]
+    assert "SYNTHETIC STAND-IN" in caplog.text
+    x = data.read_idx(data.raw_dir(tmp_path / "auto") / "train-images-idx3-ubyte")
+    assert x.shape == (60_000, 28, 28) and x.dtype == np.uint8
+    with pytest.raises(data.DataError, match="could not download"):
+        data.fetch(tmp_path / "dl", "download", [url], retries=1, backoff_s=0, resources=resources)
+
+
+def test_local_folder_is_checked(tmp_path, served_files):
+    files, _ = served_files
+    with pytest.raises(data.DataError, match="md5"):   # synthetic files are not Fashion-MNIST
+        data.fetch(tmp_path, "local", [], local_dir=files)
+    with pytest.raises(data.DataError, match="not a folder"):
+        data.fetch(tmp_path, "local", [], local_dir=tmp_path / "nope")
+
+
+def test_synthetic_is_deterministic_and_learnable():
+    x1, y1 = data.synthetic(2000, seed=0)
+    x2, y2 = data.synthetic(2000, seed=0)
+    assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
+    assert set(np.unique(y1)) == set(range(10))
+    # class structure: nearest class mean beats chance (10%) by far
+    xf = x1.reshape(len(x1), -1).astype(np.float32)
+    means = np.stack([xf[:1000][y1[:1000] == c].mean(0) for c in range(10)])
+    pred = np.argmin(((xf[1000:, None] - means[None]) ** 2).sum(-1), axis=1)
+    assert (pred == y1[1000:]).mean() > 0.5
+
+
+def test_idx_roundtrip_and_truncation(tmp_path):
+    a = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    data.write_idx_gz(tmp_path / "a.gz", a)
+    assert np.array_equal(data.read_idx(tmp_path / "a.gz"), a)
+    raw = tmp_path / "a"
+    import gzip
+    raw.write_bytes(gzip.decompress((tmp_path / "a.gz").read_bytes())[:-3])
+    with pytest.raises(data.DataError, match="truncated"):
+        data.read_idx(raw)
+
+
+def test_resize_matches_torchvision_transform():
+    from PIL import Image
+    from torchvision import transforms
+    x, _ = data.synthetic(50, seed=3)
+    cached = data.resize_split(x, 64)
+    tf = transforms.Compose([transforms.Resize(64), transforms.ToTensor()])
+    for i in range(0, 50, 7):
+        ref = tf(Image.fromarray(x[i], mode="L")).numpy()[0] * 255
+        assert np.abs(cached[i].astype(np.float32) - ref).max() <= 1.0
+
+
+def test_cache_checksum_detects_corruption(tmp_path):
+    x, y = data.synthetic(32, seed=0)
+    arrays = {"train_x": x, "train_y": y, "test_x": x[:4], "test_y": y[:4]}
+    meta = data.write_cache(arrays, {"source": "synthetic"}, tmp_path / "c.npz", tmp_path / "c.json")
+    loaded, meta2 = data.load_cache(tmp_path / "c.npz", tmp_path / "c.json")
+    assert np.array_equal(loaded["train_x"], x) and meta2["sha256"] == meta["sha256"]
+    blob = bytearray((tmp_path / "c.npz").read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    (tmp_path / "c.npz").write_bytes(bytes(blob))
+    with pytest.raises(data.DataError, match=r"c\.npz.*sha256.*--forcerun resize"):
+        data.load_cache(tmp_path / "c.npz", tmp_path / "c.json")

@@ -1,0 +1,244 @@
+"""Pure logic, fast: cost model, results contract, config resolution, specs and
+reruns, fingerprint, timing, the watchdog's process-group kill."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import CPU_FP
+
+from dpscale import config as dsconfig, costmodel, fingerprint, results, specs, timing
+
+
+# ---------------------------------------------------------------- cost model
+
+def test_bandwidth_definitions_follow_nccl_tests():
+    size, t = 64 * 2**20, 0.01
+    assert costmodel.algbw(size, t) == size / t
+    assert costmodel.busbw(size, t, 2) == pytest.approx(size / t)          # 2(k-1)/k = 1
+    assert costmodel.busbw(size, t, 8) == pytest.approx(size / t * 1.75)
+    assert costmodel.book_beta(size, t) == 2 * size / t
+
+
+def test_interp_is_exact_on_points_and_monotone_between():
+    sizes, times = [1e6, 1e7, 1e8], [1e-4, 5e-4, 4e-3]
+    for s, t in zip(sizes, times):
+        assert costmodel.interp_time(sizes, times, s) == pytest.approx(t)
+    mid = costmodel.interp_time(sizes, times, 3e6)
+    assert 1e-4 < mid < 5e-4
+    assert costmodel.interp_time(sizes, times, 2e8) == pytest.approx(8e-3)   # constant bw past the end
+
+
+def test_predictions_agree_at_k2_and_part_at_k4():
+    sweep = {"bytes": [1e6, 1e8], "time_s": [1e-3, 1e-2]}
+    p2 = costmodel.predict_comm([25e6, 20e6], sweep, 2)
+    assert p2["pred_flat_ms"] == pytest.approx(p2["pred_ring_ms"])
+    p4 = costmodel.predict_comm([25e6, 20e6], sweep, 4)
+    assert p4["pred_flat_ms"] == pytest.approx(p2["pred_flat_ms"])           # flat in k
+    assert p4["pred_ring_ms"] == pytest.approx(1.5 * p2["pred_ring_ms"])     # 2(k-1)/k: 1 -> 1.5
+
+
+def test_k8_prediction_from_book_numbers():
+    # the book's weak efficiencies: 88% at k=2, 82% at k=4
+    p = costmodel.weak_efficiency_k({1: 1.0, 2: 0.88, 4: 0.82}, 8)
+    assert p["from_k"] == 4 and p["flat"] == pytest.approx(0.82)
+    r4 = 1 / 0.82 - 1
+    assert p["ring"] == pytest.approx(1 / (1 + r4 * (14 / 8) / (6 / 4)))
+    assert p["ring"] < p["flat"]
+
+
+def test_zero_table_book_anatomy():
+    rows = {r["stage"]: r for r in costmodel.zero_table()}
+    assert rows[0]["total_GB"] == pytest.approx(112) and not rows[0]["fits"]   # 16 B x 7e9
+    assert rows[1]["total_GB"] == pytest.approx(56 + 7)
+    assert rows[2]["total_GB"] == pytest.approx(28 + 10.5)
+    assert rows[3]["total_GB"] == pytest.approx(14) and rows[3]["fits"]
+
+
+# ---------------------------------------------------------------- results
+
+def test_atomic_write_leaves_old_file_when_writing_fails(tmp_path):
+    p = tmp_path / "r.json"
+    results.write_json_atomic(p, {"a": 1})
+    with pytest.raises(TypeError):
+        results.write_json_atomic(p, {"a": object()})
+    assert json.loads(p.read_text()) == {"a": 1}
+    assert [f.name for f in tmp_path.iterdir()] == ["r.json"], "temp file left behind"
+
+
+def test_contract_validation():
+    r = results.make_result(experiment="allreduce", variant="default", k=2, status="ok",
+                            metrics={"busbw_GBps_max": 1.0}, backend="gloo")
+    assert results.validate_result(r) is r
+    with pytest.raises(ValueError, match="needs a reason"):
+        results.make_result(experiment="allreduce", variant="default", k=2, status="hung", backend="gloo")
+    bad = dict(r, status="weird")
+    with pytest.raises(ValueError, match="status 'weird'"):
+        results.validate_result(bad, "x.json")
+
+
+def test_load_result_names_the_file_on_garbage(tmp_path):
+    p = tmp_path / "half.json"
+    p.write_text('{"experiment": "allr')
+    with pytest.raises(ValueError, match="half.json: not valid JSON"):
+        results.load_result(p)
+
+
+# ---------------------------------------------------------------- config
+
+def _config(**over):
+    sch = dsconfig.schema()
+    cfg = {"scale": "smoke", "ks": [1, 2], "hardware_file": None, "tuned": "auto",
+           "data": {"source": "auto", "local_dir": None}, "watchdog": {"hang_timeout_s": "auto", "grace_s": 15},
+           "experiments": sch["properties"]["experiments"]["default"], "scales": {}}
+    cfg.update(over)
+    return cfg
+
+
+def test_auto_scale_follows_gpus():
+    assert dsconfig.resolve(_config(scale="auto"), CPU_FP)["scale"] == "smoke"
+    gpu = dict(CPU_FP, gpu_count=1, gpu_model="NVIDIA H200")
+    r = dsconfig.resolve(_config(scale="auto", ks=[1, 2, 4]), gpu)
+    assert r["scale"] == "paper" and r["protocol"]["per_rank_batch"] == 256 and r["tuned"]
+    assert r["watchdog"]["hang_timeout_s"] == 900
+
+
+def test_global_batch_not_divisible_shows_the_arithmetic():
+    with pytest.raises(dsconfig.ConfigError) as e:
+        dsconfig.resolve(_config(ks=[1, 3]), CPU_FP)
+    assert "scales.smoke.global_batch: 16 is not divisible by k=3" in str(e.value)
+    assert "16 / 3 = 5.33333" in str(e.value)
+
+
+def test_protocol_override_merges_with_defaults():
+    r = dsconfig.resolve(_config(scales={"smoke": {"image_size": 16}}), CPU_FP)
+    assert r["protocol"]["image_size"] == 16 and r["protocol"]["per_rank_batch"] == 8
+
+
+def test_cli_strings_are_coerced_by_schema():
+    cfg = {"ks": ["1", "2"], "hardware_file": "null", "tuned": "false",
+           "watchdog": {"hang_timeout_s": "30"}, "scales": {"smoke": {"allreduce_MiB": ["0.5", "1"]}}}
+    dsconfig.coerce_cli_types(cfg)
+    assert cfg["ks"] == [1, 2] and cfg["hardware_file"] is None and cfg["tuned"] is False
+    assert cfg["watchdog"]["hang_timeout_s"] == 30 and cfg["scales"]["smoke"]["allreduce_MiB"] == [0.5, 1]
+    odd = {"ks": ["1.5", "x"]}
+    dsconfig.coerce_cli_types(odd)
+    assert odd["ks"] == [1.5, "x"]   # left for the schema to reject, naming ks
+
+
+# ---------------------------------------------------------------- specs: what reruns
+
+def _resolved(**over):
+    return dsconfig.resolve(_config(**over), CPU_FP)
+
+
+def test_targets_per_experiment():
+    t = specs.targets(_resolved(ks=[1, 2, 4]))
+    assert "results/runs/ddp_weak/seed/k4.json" in t and "results/runs/ddp_weak/tuned/k1.json" not in t
+    assert "results/runs/allreduce/memcpy/k2.json" in t and "results/runs/allreduce/default/k1.json" not in t
+    assert [p for p in t if "ddp_bucket_sweep" in p] == ["results/runs/ddp_bucket_sweep/default/k2.json"]
+    assert [p for p in t if "jax_equality" in p] == ["results/runs/jax_equality/default/k2.json"]
+
+
+def test_spec_depends_only_on_what_the_experiment_reads():
+    a = specs.job_spec(_resolved(), CPU_FP, "ddp_weak", "cached", 1, {})
+    b = specs.job_spec(_resolved(scales={"smoke": {"allreduce_MiB": [8]}}), CPU_FP, "ddp_weak", "cached", 1, {})
+    assert specs.dumps(a) == specs.dumps(b)
+    c = specs.job_spec(_resolved(scales={"smoke": {"image_size": 16}}), CPU_FP, "ddp_weak", "cached", 1, {})
+    assert specs.dumps(a) != specs.dumps(c)
+
+
+def test_more_devices_do_not_change_k1_but_enable_k2():
+    one = dict(CPU_FP, gpu_count=1, gpu_model="H200")
+    two = dict(one, gpu_count=2, interconnect="NV18")
+    r = _resolved()
+    k1 = [specs.dumps(specs.job_spec(r, fp, "ddp_weak", "cached", 1, {})) for fp in (one, two)]
+    assert k1[0] == k1[1]
+    k2 = [specs.job_spec(r, fp, "ddp_weak", "cached", 2, {}) for fp in (one, two)]
+    assert k2[0]["skip_reason"] and not k2[1]["skip_reason"]
+    changed = dict(one, driver="999.0")
+    assert specs.dumps(specs.job_spec(r, changed, "ddp_weak", "cached", 1, {})) != k1[0]
+
+
+def test_jax_specs_ignore_torch_versions():
+    r = _resolved()
+    a = specs.job_spec(r, CPU_FP, "jax_weak", "host", 1, {})
+    b = specs.job_spec(r, dict(CPU_FP, torch="9.9"), "jax_weak", "host", 1, {})
+    assert specs.dumps(a) == specs.dumps(b)
+
+
+# ---------------------------------------------------------------- fingerprint
+
+TOPO = """\tGPU0\tGPU1\tGPU2\tCPU Affinity\tNUMA Affinity
+GPU0\t X \tNV18\tSYS\t0-15\t0
+GPU1\tNV18\t X \tNV18\t0-15\t0
+GPU2\tSYS\tNV18\t X \t0-15\t0
+
+Legend:
+  X    = Self
+  SYS  = Connection traversing PCIe
+"""
+
+
+def test_topology_summary():
+    assert fingerprint.summarise_topology(TOPO) == "NV18,SYS"
+    assert fingerprint.summarise_topology(None) == "none"
+
+
+def test_probe_is_cheap_and_complete():
+    t0 = time.perf_counter()
+    fp = fingerprint.probe()
+    assert time.perf_counter() - t0 < 5
+    for key in ("gpu_count", "torch", "jax", "cpu_model", "cpu_count", "nccl", "interconnect"):
+        assert key in fp
+
+
+def test_probe_does_not_import_torch_or_jax():
+    code = ("import sys; sys.path.insert(0, 'src'); from dpscale import fingerprint; fingerprint.probe(); "
+            "print('torch' in sys.modules, 'jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(__file__))).stdout
+    assert out.strip() == "False False"
+
+
+def test_save_only_when_changed(tmp_path):
+    p = tmp_path / "fp.json"
+    assert fingerprint.save_if_changed({"a": 1}, p)
+    mtime = p.stat().st_mtime_ns
+    assert not fingerprint.save_if_changed({"a": 1}, p) and p.stat().st_mtime_ns == mtime
+    assert fingerprint.save_if_changed({"a": 2}, p)
+
+
+def test_hardware_file_errors_name_the_key(tmp_path):
+    with pytest.raises(ValueError, match="hardware_file: cannot read"):
+        fingerprint.load(tmp_path / "missing.json")
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(ValueError, match="no 'gpu_count'"):
+        fingerprint.load(tmp_path / "x.json")
+
+
+# ---------------------------------------------------------------- timing, watchdog
+
+def test_summary_quantiles():
+    s = timing.summary([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert s["median_ms"] == 3.0 and s["min_ms"] == 1.0 and s["max_ms"] == 5.0 and s["n"] == 5
+    assert s["p10_ms"] <= s["median_ms"] <= s["p90_ms"]
+
+
+def test_watchdog_kills_the_whole_group(tmp_path):
+    """A child that ignores SIGTERM and a grandchild: both gone after the limit."""
+    from dpscale.watchdog import main
+    script = ("import os, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)")
+    spec = {"experiment": "allreduce", "variant": "default", "k": 2, "backend": "gloo",
+            "limit_s": 1.5, "grace_s": 0.5}
+    t0 = time.monotonic()
+    rc = main(["--spec", json.dumps(spec), "--result", str(tmp_path / "r.json"),
+               "--rank-logs", str(tmp_path / "r.ranks"), "--", sys.executable, "-c", script])
+    assert rc == 0 and time.monotonic() - t0 < 15
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["status"] == "hung" and r["stray_processes"] is False
