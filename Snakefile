@@ -9,6 +9,11 @@ from snakemake.utils import min_version, validate
 min_version("9.0")
 sys.path.insert(0, f"{workflow.basedir}/src")
 from dpscale.config import coerce_cli_types
+from dpscale.locks import release_stale
+
+# A run killed with SIGKILL leaves its lock; release it only if no run is alive here.
+for _lock in release_stale(workflow.workdir_init):
+    logger.warning(f"Removed a stale lock left by a killed run: {_lock}")
 
 
 configfile: "config.yaml"

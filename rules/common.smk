@@ -1,6 +1,7 @@
 # Helpers for every stage: the resolved config, the machine's fingerprint, job
 # specs and targets. Parse-time work stays light (no torch, no jax).
 # (The Snakefile put src/ on sys.path; scripts find the package themselves.)
+import os
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -30,7 +31,9 @@ RAW = [
 ]
 TARGETS = specs.targets(RESOLVED)
 # Entry points, passed to each job as params.scripts (lint: no globals in shell).
-SCRIPTS = str(Path(workflow.basedir) / "scripts")
+# Relative to the working folder: a params value, so an absolute path would rerun
+# every job of a clone that was moved or copied to another machine.
+SCRIPTS = os.path.relpath(Path(workflow.basedir) / "scripts")
 
 
 def job_inputs(experiment, variant, k):

@@ -75,3 +75,48 @@ def run_job(spec: dict, out_dir: Path, fault: str = "", timeout: float = 240):
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout).returncode
     res = json.loads(result.read_text()) if result.exists() else None
     return rc, res, log.read_text()
+
+
+# ---------------------------------------------------------------- workflow helpers
+
+import re  # noqa: E402
+import shutil  # noqa: E402
+
+SNAKEMAKE = shutil.which("snakemake") or "snakemake"
+# A small smoke configuration: every code path, seconds per job.
+SMALL = ["scale=smoke", "scales={smoke: {train_images: 32}}"]
+
+
+def copy_repo(dest: Path) -> Path:
+    """A clean copy of the workflow (what a fresh clone holds), no results."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        src = ROOT / f
+        if src.is_file():
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f)
+    return dest
+
+
+def smk(cwd, *args, check=True, timeout=900):
+    p = subprocess.run([SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
+    return p
+
+
+def job_counts(out: str) -> dict[str, int]:
+    """Parse the 'Job stats' table of a dry run."""
+    counts = {}
+    m = re.search(r"Job stats:\n.*?\n-+\s+-+\n(.*?)\n\s*total", out, re.S)
+    for line in (m.group(1).splitlines() if m else []):
+        name, n = line.split()
+        counts[name] = int(n)
+    return counts
+
+
+def write_hw(folder: Path, name: str, **over) -> str:
+    p = folder / f"{name}.json"
+    p.write_text(json.dumps({**CPU_FP, **over}))
+    return str(p)

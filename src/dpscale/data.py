@@ -255,7 +255,8 @@ def fetch(root, source: str, mirrors: list[str], local_dir=None, retries: int = 
     else:
         raise DataError(f"data.source: {source!r} is not one of auto, download, local, synthetic")
     unpack(root)
-    prov["files"] = {name: {"md5": md5(raw_dir(root) / name), "published_md5": digest}
+    prov["files"] = {name: {"md5": md5(raw_dir(root) / name), "published_md5": digest,
+                            "unpacked_sha256": sha256((raw_dir(root) / name).with_suffix(""))}
                      for name, digest in resources}
     write_json_atomic(root / "source.json", prov)
     return prov
@@ -278,9 +279,25 @@ def resize_split(images: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-def build_cache(root, size: int, out_npz, out_json) -> dict:
+def verify_raw(root) -> dict:
+    """Check the unpacked files against the checksums recorded when they were
+    fetched; a truncated or altered file is named, with how to rebuild it."""
     root = Path(root)
     prov = json.loads((root / "source.json").read_text())
+    for name, rec in prov["files"].items():
+        path = (raw_dir(root) / name).with_suffix("")
+        if not path.is_file():
+            raise DataError(f"{path} is missing; rebuild with `snakemake --forcerun download`")
+        if (got := sha256(path)) != rec["unpacked_sha256"]:
+            raise DataError(f"{path}: sha256 {got[:12]}... differs from {rec['unpacked_sha256'][:12]}... "
+                            f"recorded in {root / 'source.json'}: the file is truncated or altered. "
+                            "Rebuild with `snakemake --forcerun download`.")
+    return prov
+
+
+def build_cache(root, size: int, out_npz, out_json) -> dict:
+    root = Path(root)
+    prov = verify_raw(root)
     arrays = {}
     for split, (img_name, lbl_name, _) in SPLITS.items():
         x = read_idx(raw_dir(root) / img_name)

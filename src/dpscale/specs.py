@@ -25,8 +25,8 @@ PROTOCOL_KEYS = {
     "ddp_bucket_sweep": ("image_size", "per_rank_batch", "bucket_cap_MiB", "sweep_steps"),
     "fsdp": ("image_size", "per_rank_batch", "sweep_steps"),
     "jax_weak": ("image_size", "train_images", "epochs", "per_rank_batch"),
-    "jax_hlo": ("image_size", "per_rank_batch"),
-    "jax_equality": ("image_size", "per_rank_batch"),
+    "jax_hlo": ("image_size", "train_images", "per_rank_batch"),
+    "jax_equality": ("image_size", "train_images", "per_rank_batch"),
 }
 
 # Variables each variant runs with. The shared-memory transport is only used when

@@ -91,6 +91,7 @@ def seed_loader(ctx: Ctx, batch: int):
     """The book's input path: torchvision dataset, PIL Resize, DataLoader workers,
     DistributedSampler (set_epoch per epoch)."""
     from torchvision import datasets, transforms
+    dsdata.verify_raw(ctx.spec["inputs"]["data_root"])
     tf = transforms.Compose([transforms.Resize(ctx.proto["image_size"]), transforms.ToTensor()])
     ds = datasets.FashionMNIST(ctx.spec["inputs"]["data_root"], train=True, transform=tf)
     if ctx.proto["train_images"] < len(ds):
@@ -245,9 +246,11 @@ def timed_steps(ctx: Ctx, fn, warmup: int, steps: int):
     dist.barrier()
     timer = StepTimer(ctx.device)
     t0 = time.perf_counter()
-    for _ in range(steps):
+    for i in range(steps):
         timer.mark()
         fn()
+        if i == 0:
+            ctx.maybe_fault("step")
     timer.mark()
     sync(ctx.device)
     return (time.perf_counter() - t0) / steps, timer.step_ms()
@@ -291,7 +294,6 @@ def exp_comm_probe(ctx: Ctx):
             fwd_bwd()
     w, n = ctx.proto["probe_warmup"], ctx.proto["probe_steps"]
     synced, synced_steps = timed_steps(ctx, fwd_bwd, w, n)
-    ctx.maybe_fault("step")
     unsynced, unsynced_steps = timed_steps(ctx, silent, w, n)
     rows = per_rank_merge(ctx, {"synced_ms": 1e3 * synced, "no_sync_ms": 1e3 * unsynced,
                                 "synced_steps": summary(synced_steps),
@@ -333,6 +335,7 @@ def exp_allreduce(ctx: Ctx):
         ok = int(bad.item()) == 0
         all_ok &= ok
         x.normal_()
+        ctx.maybe_fault("step")
         for _ in range(ctx.proto["allreduce_warmup"]):
             dist.all_reduce(x)
         sync(ctx.device)

@@ -38,6 +38,18 @@ def _group_alive(pgid: int) -> bool:
         return True
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the watchdog dies, even by SIGKILL.
+    The job runs in its own session (so a hang can be killed as a group), which
+    also means killing Snakemake's group would not reach it; torchrun turns the
+    SIGTERM into an orderly teardown of its ranks."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass   # not Linux: no parent-death signal, the group kill still works
+
+
 def kill_group(pgid: int, grace_s: float) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
@@ -95,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(rank_dir)
     print(f"[watchdog] limit {limit:g} s, env {spec.get('env', {})}\n[watchdog] $ {' '.join(cmd)}", flush=True)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     try:
         rc = proc.wait(timeout=limit)
         hung = False

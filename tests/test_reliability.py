@@ -1,0 +1,220 @@
+"""The fault battery: bad configs, a killed run, corrupted inputs, ranks that die
+or hang in every torchrun experiment, concurrency, and an unwritable disk. Each
+case here is a row of the README's table of faults."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SMALL, SNAKEMAKE, copy_repo, make_spec, run_job, smk
+
+from dpscale import data, results
+
+# ---------------------------------------------------------------- 1. bad configs
+
+BAD_CONFIGS = [  # (--config args, words the error must contain: the key and what is allowed)
+    (["colour=red"], ["colour", "Additional properties are not allowed"]),
+    (["scale=5"], ["scale", "'enum': ['smoke', 'paper', 'auto']"]),
+    (["ks=[0]"], ["ks", "less than the minimum of 1"]),
+    (["ks=[1.5]"], ["ks", "is not of type 'integer'"]),
+    (["ks=[1,1]"], ["ks", "non-unique"]),
+    (["ks=[]"], ["ks", "should be non-empty"]),
+    (["ks=[1,3]"], ["global_batch", "is not divisible by k=3", "16 / 3"]),
+    (["scales={smoke: {image_size: 4}}"], ["image_size", "less than the minimum of 8"]),
+    (["scale=huge"], ["scale", "is not one of ['smoke', 'paper', 'auto']"]),
+    (["data={source: local, local_dir: /no/such/folder}"], ["data.local_dir", "is not a folder"]),
+    (["hardware_file=/no/such/fingerprint.json"], ["hardware_file", "cannot read"]),
+    (["watchdog={hang_timeout_s: -5}"], ["hang_timeout_s", "exclusiveMinimum"]),
+    (["data={retries: 0}"], ["retries", "less than the minimum of 1"]),
+    (["experiments=[ddp_weak,warp_drive]"], ["experiments", "warp_drive"]),
+    (["tuned=maybe"], ["tuned", "auto"]),
+]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return copy_repo(tmp_path_factory.mktemp("rel"))
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize("args, words", BAD_CONFIGS, ids=[a[0][0] for a in BAD_CONFIGS])
+def test_bad_config_fails_before_any_job(repo, args, words):
+    p = smk(repo, "-n", "--cores", "1", "report", "--config", *args, check=False)
+    text = p.stdout + p.stderr
+    assert p.returncode != 0
+    for w in words:
+        assert w in text, f"{w!r} missing from:\n{text[-1500:]}"
+    assert "Job stats" not in text and not (repo / "results/runs").exists()
+
+
+# ---------------------------------------------------------------- 2. killed mid-run
+
+def _result_files(repo: Path) -> dict[str, int]:
+    return {str(p.relative_to(repo)): p.stat().st_mtime_ns for p in (repo / "results/runs").glob("*/*/k*.json")}
+
+
+@pytest.mark.workflow
+@pytest.mark.slow
+def test_kill9_then_plain_rerun_completes(tmp_path):
+    repo = copy_repo(tmp_path)
+    cfg = ["--config", *SMALL, "ks=[1,2]", "experiments=[ddp_weak,allreduce]"]
+    proc = subprocess.Popen([SNAKEMAKE, "--cores", "2", "report", *cfg], cwd=repo, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(_result_files(repo) if (repo / "results/runs").exists() else {}) < 2:
+        time.sleep(0.5)
+    before = _result_files(repo)
+    assert len(before) >= 2, "the run produced nothing to interrupt"
+    os.killpg(proc.pid, signal.SIGKILL)   # Snakemake, its jobs' shells and watchdogs
+    proc.wait()
+    time.sleep(3)   # torchrun gets SIGTERM from its dead watchdog and tears its ranks down
+    for p in (repo / "results/runs").glob("*/*/*"):
+        assert not p.name.endswith(".tmp"), f"half-written file {p}"
+    out = smk(repo, "--cores", "2", "report", *cfg)   # plain rerun: no --unlock, no flags
+    assert "stale lock" in out.stdout + out.stderr
+    after = _result_files(repo)
+    for path, mtime in before.items():
+        assert after[path] == mtime, f"{path} was finished before the kill but ran again"
+    for path in after:
+        results.load_result(repo / path)   # every artifact parses and meets the contract
+    assert (repo / "results/report/report.html").exists()
+
+
+# ---------------------------------------------------------------- 3. corrupted inputs
+
+def test_truncated_raw_file_is_named(tiny_data, tmp_path):
+    import shutil
+    root = tmp_path / "d"
+    shutil.copytree(tiny_data, root)
+    victim = data.raw_dir(root) / "train-labels-idx1-ubyte"
+    victim.write_bytes(victim.read_bytes()[:-100])
+    with pytest.raises(data.DataError, match=r"train-labels-idx1-ubyte.*truncated or altered.*--forcerun download"):
+        data.build_cache(root, 16, tmp_path / "c.npz", tmp_path / "c.json")
+    assert not (tmp_path / "c.npz").exists()
+
+
+def test_corrupted_cache_fails_the_job_naming_it(tiny_data, tmp_path):
+    import shutil
+    root = tmp_path / "d"
+    shutil.copytree(tiny_data, root)
+    npz = root / "fmnist_16px.npz"
+    blob = bytearray(npz.read_bytes())
+    blob[-200] ^= 0xFF
+    npz.write_bytes(bytes(blob))
+    spec = make_spec(root, "ddp_weak", 1, "cached")
+    rc, res, log = run_job(spec, tmp_path / "job")
+    assert rc != 0 and res is None
+    rank0 = (tmp_path / "job/k.rank0.log").read_text()
+    assert "fmnist_16px.npz" in rank0 and "--forcerun resize" in rank0
+
+
+# ---------------------------------------------------------------- 4. ranks die or hang
+
+TORCHRUN_EXPERIMENTS = ["ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "ddp_bucket_sweep", "fsdp"]
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("experiment", TORCHRUN_EXPERIMENTS)
+def test_rank_crash_fails_job_with_log(tiny_data, tmp_path, experiment):
+    variant = "cached" if experiment.startswith("ddp_") and "probe" not in experiment and "sweep" not in experiment else "default"
+    spec = make_spec(tiny_data, experiment, 2, variant, inputs={"allreduce": {}})
+    rc, res, log = run_job(spec, tmp_path, fault="crash:rank=1")
+    assert rc != 0 and res is None
+    assert "injected fault: rank 1 crashes at step" in (tmp_path / "k.rank1.log").read_text()
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", TORCHRUN_EXPERIMENTS)
+def test_rank_hang_is_recorded_within_limit(tiny_data, tmp_path, experiment):
+    variant = "cached" if experiment in ("ddp_weak", "ddp_strong") else "default"
+    spec = make_spec(tiny_data, experiment, 2, variant, limit_s=10, inputs={"allreduce": {}})
+    t0 = time.monotonic()
+    rc, res, log = run_job(spec, tmp_path, fault="hang:rank=1")
+    assert rc == 0, log
+    assert res["status"] == "hung" and res["stray_processes"] is False
+    assert time.monotonic() - t0 < 10 + spec["grace_s"] + 40
+    assert "hangs at step" in (tmp_path / "k.rank1.log").read_text()
+
+
+# ---------------------------------------------------------------- 5. concurrency
+
+@pytest.mark.workflow
+def test_second_run_in_same_folder_is_refused(tmp_path):
+    repo = copy_repo(tmp_path)
+    cfg = ["--config", *SMALL, "ks=[1]", "experiments=[ddp_weak]"]
+    first = subprocess.Popen([SNAKEMAKE, "--cores", "1", "report", *cfg], cwd=repo, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list((repo / ".snakemake/locks").glob("*.lock")):
+            time.sleep(0.2)
+        second = smk(repo, "--cores", "1", "report", *cfg, check=False)
+        assert second.returncode != 0
+        assert "Directory cannot be locked" in second.stdout + second.stderr
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)
+        first.wait(timeout=60)
+
+
+def test_measurements_never_overlap(repo_after_smoke):
+    """Measurement jobs each take measure=1 of the default profile's measure=1."""
+    spans = []
+    for p in (repo_after_smoke / "results/runs").glob("*/*/k*.json"):
+        r = json.loads(p.read_text())
+        if r["status"] == "ok":
+            spans.append((r["started_utc"], r["finished_utc"], p.name))
+    spans.sort()
+    assert len(spans) >= 3
+    for (s0, f0, a), (s1, f1, b) in zip(spans, spans[1:]):
+        assert s1 >= f0, f"{a} ({s0}..{f0}) overlaps {b} ({s1}..{f1})"
+
+
+@pytest.fixture(scope="module")
+def repo_after_smoke(tmp_path_factory):
+    repo = copy_repo(tmp_path_factory.mktemp("smoke"))
+    smk(repo, "--cores", "2", "report", "--config", *SMALL, "ks=[1,2]",
+        "experiments=[ddp_weak,ddp_strong,allreduce]")
+    return repo
+
+
+# ---------------------------------------------------------------- 6. disk
+
+def test_failed_write_keeps_previous_artifact(tmp_path, monkeypatch):
+    p = tmp_path / "r.json"
+    results.write_json_atomic(p, {"old": True})
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        results.write_json_atomic(p, {"new": True})
+    assert json.loads(p.read_text()) == {"old": True}
+    assert [f.name for f in tmp_path.iterdir()] == ["r.json"]
+
+
+@pytest.mark.workflow
+def test_unwritable_results_folder_fails_clearly_and_keeps_artifact(repo_after_smoke):
+    if os.system("chattr -V >/dev/null 2>&1") != 0 and os.system("command -v chattr >/dev/null") != 0:
+        pytest.skip("chattr is not available to make a folder unwritable for root")
+    folder = repo_after_smoke / "results/runs/ddp_weak/cached"
+    target = folder / "k1.json"
+    old = target.read_bytes()
+    if subprocess.run(["chattr", "+i", str(folder)]).returncode != 0:
+        pytest.skip("this filesystem does not support the immutable attribute")
+    try:
+        p = smk(repo_after_smoke, "--cores", "1", target.relative_to(repo_after_smoke).as_posix(), "--config",
+                *SMALL, "ks=[1,2]", "experiments=[ddp_weak,ddp_strong,allreduce]", "--forcerun", "ddp_weak",
+                check=False)
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)])
+    text = p.stdout + p.stderr
+    assert p.returncode != 0
+    assert "Operation not permitted" in text or "Permission denied" in text or "Read-only" in text, text[-2000:]
+    assert target.read_bytes() == old
