@@ -40,7 +40,7 @@ def test_ddp_throughput(tiny_data, tmp_path, experiment, variant, k):
 
 def test_tuned_variant_runs_on_cpu_without_compile(tiny_data, tmp_path):
     spec = make_spec(tiny_data, "ddp_weak", 2, "tuned")
-    spec["tuned_options"] = {"compile": False}   # inductor on 2 CPU cores takes minutes
+    spec["config"]["tuned"] = dict(spec["config"]["tuned"], compile=False)   # inductor on 2 CPU cores takes minutes
     rc, res, log = run_job(spec, tmp_path)
     assert rc == 0, log
     assert ok(res)["samples_per_s"] > 0

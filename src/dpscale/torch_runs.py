@@ -109,7 +109,8 @@ def build_ddp(ctx: Ctx, tuned: bool = False, **ddp_kwargs):
     model = torch_resnet18().to(ctx.device)
     if tuned:
         model = model.to(memory_format=torch.channels_last)
-        ddp_kwargs = {"gradient_as_bucket_view": True, "static_graph": True, **ddp_kwargs}
+        flags = ctx.spec.get("config", {}).get("tuned", {}).get("ddp", [])
+        ddp_kwargs = {**{flag: True for flag in flags}, **ddp_kwargs}
     model = DDP(model, device_ids=[ctx.local_rank] if ctx.cuda else None, **ddp_kwargs)
     return model
 
@@ -143,7 +144,7 @@ def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, epochs: int):
     opt = torch.optim.SGD(model.parameters(), lr=0.1, **({"fused": True} if tuned and ctx.cuda else {}))
     loss_fn = nn.CrossEntropyLoss()
     step = model
-    if tuned and ctx.spec.get("tuned_options", {}).get("compile", True):
+    if tuned and ctx.spec.get("config", {}).get("tuned", {}).get("compile", True):
         step = torch.compile(model)
     out = {}
     for epoch in range(epochs):

@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""One JAX experiment in one process that sees all k devices (section 13.6.4).
+
+    python scripts/jax_worker.py --spec JSON --result OUT.json
+
+The spec (built by rules/common.smk, see dpscale.specs.job_spec) names the
+experiment and its protocol numbers:
+
+  jax_weak      variant host|device|tuned: weak-scaling samples/s at k devices
+  jax_hlo       all-reduce ops of the compiled k-device step, sharding pictures
+  jax_equality  one step at k=1 vs k (and a summed-gradient step that must fail)
+
+Before JAX is imported this sets, for backend xla-cpu, JAX_PLATFORMS=cpu and
+XLA_FLAGS=--xla_force_host_platform_device_count=N (N = k, at least 2 for
+jax_equality) so a CPU-only box has k host devices; for xla-gpu,
+XLA_PYTHON_CLIENT_PREALLOCATE=false (JAX would otherwise take 75% of each GPU's
+memory up front, and peak-memory numbers would be meaningless).
+OUT.json is written atomically; an error exits non-zero and leaves no result.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the package beside the workflow
+import argparse
+import json
+import os
+
+
+def set_platform_env(spec: dict) -> None:
+    """Must run before `import jax`: XLA reads these once, at backend start-up."""
+    k = int(spec["k"])
+    if spec["backend"] == "xla-cpu":
+        n = max(k, 2) if spec["experiment"] == "jax_equality" else k
+        flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+                 if not f.startswith("--xla_force_host_platform_device_count")]
+        os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    elif spec["backend"] == "xla-gpu":
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    else:
+        raise SystemExit(f"jax_worker: backend {spec['backend']!r} is not xla-cpu or xla-gpu")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spec", required=True, help="job spec as JSON (keys experiment, variant, k, "
+                                                  "backend, config.protocol, inputs.cache, ...)")
+    ap.add_argument("--result", required=True, help="result JSON to write")
+    args = ap.parse_args()
+    spec = json.loads(args.spec)
+    set_platform_env(spec)
+    from dpscale.jax_runs import run   # imports jax: only after the environment is set
+
+    run(spec, args.result)
+
+
+if __name__ == "__main__":
+    main()
