@@ -635,8 +635,10 @@ def fig_allreduce(data: ReportData):
                     ax.plot([p["MiB"] for p in bad], [p["busbw_GBps"] for p in bad], ls="none", marker="X", ms=12,
                             color="#b71c1c")
                 t = [p["time_ms_median"] for p in pts]
-                lo = [p["time_ms_median"] - (p.get("time_ms_p10") or p["time_ms_median"]) for p in pts]
-                hi = [(p.get("time_ms_p90") or p["time_ms_median"]) - p["time_ms_median"] for p in pts]
+                # results before 2026-11-29 took p10/p90 from rank 0 but the median from the slowest
+                # rank; clip so such spreads still draw (new results are consistent by construction)
+                lo = [max(0.0, p["time_ms_median"] - (p.get("time_ms_p10") or p["time_ms_median"])) for p in pts]
+                hi = [max(0.0, (p.get("time_ms_p90") or p["time_ms_median"]) - p["time_ms_median"]) for p in pts]
                 axt.errorbar(x, t, yerr=[lo, hi], ls=ls, marker=mk, color=color, capsize=3)
     if not any_pts:
         empty(ax, "No all-reduce sweep results.")

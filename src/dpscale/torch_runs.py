@@ -356,11 +356,12 @@ def exp_allreduce(ctx: Ctx):
                 t0 = time.perf_counter()
                 dist.all_reduce(x)   # gloo on CPU tensors: synchronous
                 times.append(1e3 * (time.perf_counter() - t0))
-        med = torch.tensor(summary(times)["median_ms"], dtype=torch.float64, device=ctx.device)
-        dist.all_reduce(med, op=dist.ReduceOp.MAX)   # the slowest rank is the collective's time
-        t = med.item() / 1e3
+        # a collective ends together on every rank: iteration i took the slowest rank's time
+        per_rank = torch.tensor(times, dtype=torch.float64, device=ctx.device)
+        dist.all_reduce(per_rank, op=dist.ReduceOp.MAX)
+        st = summary(per_rank.tolist())
+        t = st["median_ms"] / 1e3
         size = n * 4
-        st = summary(times)
         rows.append({"MiB": mib, "bytes": size, "time_ms_median": 1e3 * t,
                      "time_ms_p10": st["p10_ms"], "time_ms_p90": st["p90_ms"], "iters": st["n"],
                      "algbw_GBps": costmodel.algbw(size, t) / 1e9,
