@@ -42,6 +42,14 @@ def test_smoke_run_reruns_and_additions(repo, tmp_path):
     smk(repo, "--cores", "2", "report", *cfg)
     res = json.loads((repo / "results/runs/ddp_weak/cached/k1.json").read_text())
     assert res["status"] == "ok" and res["data"]["source"] in ("synthetic", "real")
+    # the pipeline's own report, in a real browser: every figure loads, tables are there
+    from test_browser import check_report, require_chromium
+    html = repo / "results/report/report.html"
+    page = html.read_text()
+    assert "smoke" in page and ("SYNTHETIC" in page) == (res["data"]["source"] == "synthetic")
+    found = check_report(html, html.parent / "screenshot.png", require_chromium())
+    assert found["images"] >= 6 and found["broken"] == [], found
+    assert found["tables"] >= 5
     assert "Nothing to be done" in smk(repo, "-n", "--cores", "2", "report", *cfg).stdout
 
     # another machine: every measurement reruns, the data stage does not

@@ -16,7 +16,6 @@ import io
 import json
 import logging
 import os
-import shutil
 import socket
 import struct
 import tempfile

@@ -17,12 +17,10 @@ import contextlib
 import functools
 import importlib.metadata
 import io
-import json
 import math
 import os
 import re
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +30,7 @@ from flax import nnx
 
 from . import data as dsdata
 from .models import count_flax, flax_resnet18
-from .results import make_result, utc_now, write_json_atomic
+from .results import utc_now, write_result
 from .timing import summary
 
 P = jax.sharding.PartitionSpec
@@ -560,12 +558,5 @@ def run(spec: dict, result_path: str) -> None:
     ctx.log(f"backend={spec['backend']} jax {jax.__version__}, {len(devices)} device(s): "
             f"{', '.join(map(str, devices[:8]))}{' ...' if len(devices) > 8 else ''}")
     metrics = EXPERIMENTS[spec["experiment"]](ctx)
-    status, reason = metrics.pop("_status", ("ok", None))
-    meta = json.loads(Path(spec["inputs"]["cache_meta"]).read_text())
-    write_json_atomic(result_path, make_result(
-        experiment=spec["experiment"], variant=spec["variant"], k=ctx.k, status=status,
-        reason=reason, metrics=metrics, config=spec["config"], fingerprint=spec["fingerprint"],
-        backend=spec["backend"], started_utc=started, data=dsdata.provenance(meta),
-        runtime=runtime_versions(devices[:ctx.k]),
-        env=spec.get("env", {})))
-    ctx.log(f"wrote {result_path} (status {status})")
+    result = write_result(spec, result_path, metrics, started, runtime_versions(devices[:ctx.k]))
+    ctx.log(f"wrote {result_path} (status {result['status']})")

@@ -691,7 +691,7 @@ def book_comparison(data: ReportData) -> Table:
                     | {k for m in meas for k in m.series(exp, variant)})
         for k in ks:
             bcell = "–"
-            if book and (br := book.get(exp, variant, k)):
+            if book and book.get(exp, variant, k):
                 brow = next(x for x in scaling(book, exp, variant) if x["k"] == k)
                 bcell = (book_form_scaling(book, brow, strong), "book")
             rows.append([f"{what}, k={k} [{variant}]", cite(exp), bcell]

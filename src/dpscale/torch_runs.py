@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import json
 import os
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -20,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import costmodel, data as dsdata
 from .models import residual_stages, torch_flops_per_sample, torch_resnet18
-from .results import load_result, make_result, utc_now, write_json_atomic
+from .results import load_result, utc_now, write_result
 from .timing import StepTimer, summary, sync
 
 
@@ -522,14 +520,8 @@ def run(spec: dict, result_path: str) -> None:
                 f"device={ctx.device}")
         ctx.maybe_fault("init")
         metrics = EXPERIMENTS[spec["experiment"]](ctx)
-        if ctx.rank == 0:
-            status, reason = metrics.pop("_status", ("ok", None))
-            meta = json.loads(Path(spec["inputs"]["cache_meta"]).read_text())
-            write_json_atomic(result_path, make_result(
-                experiment=spec["experiment"], variant=spec["variant"], k=ctx.world, status=status,
-                reason=reason, metrics=metrics, config=spec["config"], fingerprint=spec["fingerprint"],
-                backend=spec["backend"], started_utc=started, data=dsdata.provenance(meta),
-                runtime=runtime_versions(ctx), env=spec.get("env", {})))
+        if ctx.rank == 0:   # rank 0 gates I/O: one writer, after every rank reported
+            write_result(spec, result_path, metrics, started, runtime_versions(ctx))
             ctx.log(f"wrote {result_path}")
         dist.barrier()
     finally:
