@@ -15,8 +15,7 @@ rule allreduce:
     conda:
         "../envs/torch.yaml"
     resources:
-        gpu=gpus_of,
-        measure=1,
+        **MEASURE,
     params:
         scripts=SCRIPTS,
         spec=spec_of("allreduce"),
@@ -38,8 +37,7 @@ rule ddp_comm_probe:
     conda:
         "../envs/torch.yaml"
     resources:
-        gpu=gpus_of,
-        measure=1,
+        **MEASURE,
     params:
         scripts=SCRIPTS,
         spec=spec_of("ddp_comm_probe"),
@@ -60,8 +58,7 @@ rule ddp_memcpy_training:
     conda:
         "../envs/torch.yaml"
     resources:
-        gpu=gpus_of,
-        measure=1,
+        **MEASURE,
     params:
         scripts=SCRIPTS,
         spec=spec_of("ddp_memcpy_training"),

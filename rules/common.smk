@@ -6,7 +6,7 @@ from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from dpscale import config as dsconfig, fingerprint as dsfp, specs
+from dpscale import config as dsconfig, fingerprint as dsfp, launch, specs
 
 try:
     FP = dsfp.load(config["hardware_file"]) if config["hardware_file"] else dsfp.probe()
@@ -58,12 +58,72 @@ def spec_of(experiment):
     return spec
 
 
+# ---- What a measurement job asks a cluster for (profiles/slurm, docs/cluster.md).
+# Local runs use only `measure` (profiles/default limits it to 1 at a time).
+# {"nodes": most a job may span, "gpus_per_node": G (null in the config: the fingerprint's)}
+CLUSTER = launch.effective(RESOLVED["cluster"], FP)
+HAS_GPUS = (FP.get("gpu_count") or 0) > 0
+
+
+def nodes_of(wildcards):
+    """Nodes a job spans: ceil(k / G); 1 when k fits one node or is skipped."""
+    return launch.nodes_for(int(wildcards.k), CLUSTER)
+
+
 def gpus_of(wildcards):
-    """GPUs a job holds: k where GPUs exist (SLURM gres), 0 on CPU stand-ins."""
-    return int(wildcards.k) if (FP.get("gpu_count") or 0) > 0 else 0
+    """GPUs of a one-node job (sbatch --gpus=k). 0 on CPU stand-ins, for a k that
+    is skipped (it runs nothing and must not wait for GPUs that do not exist), and
+    for multi-node jobs, which ask per node (gres_of)."""
+    k = int(wildcards.k)
+    if not HAS_GPUS or k > launch.capacity(CLUSTER) or nodes_of(wildcards) > 1:
+        return 0
+    return k
+
+
+def gres_of(wildcards):
+    """GPUs on each node of a multi-node job (sbatch --gres=gpu:G); "" otherwise."""
+    multi = HAS_GPUS and nodes_of(wildcards) > 1
+    return f"gpu:{CLUSTER['gpus_per_node']}" if multi else ""
+
+
+def tasks_of(wildcards):
+    """One task per node of a multi-node job (a torchrun agent or JAX process); 0 = unset."""
+    n = nodes_of(wildcards)
+    return n if n > 1 else 0
+
+
+def mpi_of(wildcards):
+    """The key alone makes the SLURM plugin run a measurement in the job's batch
+    step (with all of the first node's GPUs), not inside `srun -n1`; its value, set
+    on multi-node jobs, makes it submit --ntasks=N, and the watchdog starts its
+    own srun over all nodes (dpscale.launch)."""
+    return "srun" if nodes_of(wildcards) > 1 else ""
+
+
+def cpus_of(wildcards):
+    """CPU stand-ins: one core per gloo process or JAX host device on a node."""
+    k = int(wildcards.k)
+    return min(k, CLUSTER["gpus_per_node"]) if k <= launch.capacity(CLUSTER) else 1
+
+
+# `resources: **MEASURE` in every measurement rule. tasks_per_gpu=0: without it
+# the plugin turns `tasks` into --ntasks-per-gpu as well, on a GPU job.
+MEASURE = dict(
+    gpu=gpus_of,
+    gres=gres_of,
+    nodes=nodes_of,
+    tasks=tasks_of,
+    tasks_per_gpu=0,
+    mpi=mpi_of,
+    measure=1,
+)
+if not HAS_GPUS:
+    MEASURE["cpus_per_task"] = cpus_of  # with GPUs, the profile's cpus_per_gpu applies
 
 
 # torchrun under the watchdog: one process per device, rank logs under logs/.
+# When k spans nodes (the spec carries `launch`), the watchdog turns this into
+# srun + one torchrun agent per node, c10d rendezvous (dpscale.launch).
 TORCHRUN = (
     "python {params.scripts}/watchdog.py --spec {params.spec:q} --result {output.json}"
     " --rank-logs {log}.ranks --"

@@ -22,8 +22,7 @@ rule jax_weak:
     conda:
         "../envs/jax.yaml"
     resources:
-        gpu=gpus_of,
-        measure=1,
+        **MEASURE,
     params:
         scripts=SCRIPTS,
         spec=spec_of("jax_weak"),
@@ -44,8 +43,7 @@ rule jax_hlo:
     conda:
         "../envs/jax.yaml"
     resources:
-        gpu=gpus_of,
-        measure=1,
+        **MEASURE,
     params:
         scripts=SCRIPTS,
         spec=spec_of("jax_hlo"),
@@ -66,8 +64,7 @@ rule jax_equality:
     conda:
         "../envs/jax.yaml"
     resources:
-        gpu=gpus_of,
-        measure=1,
+        **MEASURE,
     params:
         scripts=SCRIPTS,
         spec=spec_of("jax_equality"),

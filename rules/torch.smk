@@ -17,8 +17,7 @@ rule ddp_weak:
     conda:
         "../envs/torch.yaml"
     resources:
-        gpu=gpus_of,
-        measure=1,
+        **MEASURE,
     params:
         scripts=SCRIPTS,
         spec=spec_of("ddp_weak"),
@@ -41,8 +40,7 @@ rule ddp_strong:
     conda:
         "../envs/torch.yaml"
     resources:
-        gpu=gpus_of,
-        measure=1,
+        **MEASURE,
     params:
         scripts=SCRIPTS,
         spec=spec_of("ddp_strong"),
@@ -62,8 +60,7 @@ rule ddp_bucket_sweep:
     conda:
         "../envs/torch.yaml"
     resources:
-        gpu=gpus_of,
-        measure=1,
+        **MEASURE,
     params:
         scripts=SCRIPTS,
         spec=spec_of("ddp_bucket_sweep"),
@@ -83,8 +80,7 @@ rule fsdp:
     conda:
         "../envs/torch.yaml"
     resources:
-        gpu=gpus_of,
-        measure=1,
+        **MEASURE,
     params:
         scripts=SCRIPTS,
         spec=spec_of("fsdp"),

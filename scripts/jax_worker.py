@@ -31,6 +31,8 @@ def set_platform_env(spec: dict) -> None:
     k = int(spec["k"])
     if spec["backend"] == "xla-cpu":
         n = max(k, 2) if spec["experiment"] == "jax_equality" else k
+        if spec.get("launch"):   # one process per node, each with its node's devices
+            n = int(spec["launch"]["gpus_per_node"])
         flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
                  if not f.startswith("--xla_force_host_platform_device_count")]
         os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
@@ -49,6 +51,9 @@ def main() -> None:
     args = ap.parse_args()
     spec = json.loads(args.spec)
     set_platform_env(spec)
+    if spec.get("launch"):   # k spans nodes: join the other nodes' processes first
+        from dpscale.launch import jax_initialize
+        jax_initialize(gpu=spec["backend"] == "xla-gpu")
     from dpscale.jax_runs import run   # imports jax: only after the environment is set
 
     run(spec, args.result)

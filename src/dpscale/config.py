@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from . import launch
+
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 
 
@@ -48,6 +50,15 @@ def resolve(config: dict, fp: dict) -> dict:
     wd = dict(config["watchdog"])
     if wd["hang_timeout_s"] == "auto":
         wd["hang_timeout_s"] = 900 if scale == "paper" else 60
+    cluster = dict(config.get("cluster") or {"nodes": 1, "gpus_per_node": None})
+    eff = launch.effective(cluster, fp)
+    per_node = eff["gpus_per_node"]
+    for k in ks:
+        if per_node < k <= launch.capacity(eff) and k % per_node:
+            raise ConfigError(
+                f"cluster.gpus_per_node: k={k} from ks={ks} spans {-(-k // per_node)} nodes of "
+                f"{per_node} devices but is not a multiple of {per_node} ({k} / {per_node} = "
+                f"{k / per_node:g}); a multi-node job fills every node it uses")
     data = config["data"]
     if data["source"] == "local":
         if not data.get("local_dir"):
@@ -56,7 +67,8 @@ def resolve(config: dict, fp: dict) -> dict:
         if not Path(data["local_dir"]).is_dir():
             raise ConfigError(f"data.local_dir: {data['local_dir']!r} is not a folder")
     return {"scale": scale, "requested_scale": config["scale"], "protocol": proto, "ks": ks,
-            "tuned": bool(tuned), "watchdog": wd, "experiments": list(config["experiments"])}
+            "tuned": bool(tuned), "watchdog": wd, "experiments": list(config["experiments"]),
+            "cluster": cluster}
 
 
 def _coerce(value, sch: dict, defs: dict):

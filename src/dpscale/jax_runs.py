@@ -181,7 +181,9 @@ def load_train(ctx: Ctx):
 
 
 def peak_mem_MiB(devices) -> float | None:
-    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices]
+    # this process's devices only: another node's cannot be asked (multi-node runs)
+    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices
+             if d.process_index == jax.process_index()]
     peaks = [p for p in peaks if p is not None]
     return max(peaks) / 2**20 if peaks else None
 
@@ -558,5 +560,7 @@ def run(spec: dict, result_path: str) -> None:
     ctx.log(f"backend={spec['backend']} jax {jax.__version__}, {len(devices)} device(s): "
             f"{', '.join(map(str, devices[:8]))}{' ...' if len(devices) > 8 else ''}")
     metrics = EXPERIMENTS[spec["experiment"]](ctx)
+    if jax.process_index() != 0:   # multi-node: process 0 writes the one result
+        return
     result = write_result(spec, result_path, metrics, started, runtime_versions(devices[:ctx.k]))
     ctx.log(f"wrote {result_path} (status {result['status']})")

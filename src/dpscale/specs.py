@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from . import fingerprint as fpmod
+from . import fingerprint as fpmod, launch
 
 TORCH = ("ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "ddp_memcpy_training",
          "ddp_bucket_sweep", "fsdp")
@@ -75,12 +75,17 @@ def targets(resolved: dict, root: str = "results/runs") -> list[str]:
     return out
 
 
-def skip_reason(experiment: str, variant: str, k: int, fp: dict) -> str | None:
+def skip_reason(experiment: str, variant: str, k: int, fp: dict,
+                cluster: dict | None = None) -> str | None:
     gpus = fp.get("gpu_count") or 0
-    have = fpmod.devices_present(fp)
-    if k > have:
-        what = (f"{gpus} GPU(s)" if gpus else
-                f"{have} CPU core(s), and a CPU stand-in runs one process or host device per core")
+    eff = launch.effective(cluster, fp)
+    nodes, per_node = eff["nodes"], eff["gpus_per_node"]
+    if k > nodes * per_node:
+        if nodes > 1:
+            return (f"k={k} needs {k} devices; cluster.nodes={nodes} x {per_node} per node "
+                    f"give {nodes * per_node}")
+        what = (f"{per_node} GPU(s)" if gpus else
+                f"{per_node} CPU core(s), and a CPU stand-in runs one process or host device per core")
         return f"k={k} needs {k} devices; this machine has {what}"
     if (experiment, variant) in VARIANT_ENV and not gpus:
         return ("NCCL_SHM_USE_CUDA_MEMCPY is a setting of NCCL's shared-memory transport; "
@@ -103,8 +108,11 @@ def job_spec(resolved: dict, fp: dict, experiment: str, variant: str, k: int, in
         "fingerprint": fpmod.subset(fp, family, k),
         "env": VARIANT_ENV.get((experiment, variant), {}),
         "limit_s": limit, "grace_s": resolved["watchdog"]["grace_s"],
-        "inputs": inputs, "skip_reason": skip_reason(experiment, variant, k, fp),
+        "inputs": inputs, "skip_reason": skip_reason(experiment, variant, k, fp, resolved.get("cluster")),
     }
+    multi = launch.layout(k, launch.effective(resolved.get("cluster"), fp))
+    if multi and not spec["skip_reason"]:
+        spec["launch"] = multi   # only multi-node specs carry it: one-node specs stay as they were
     if variant == "tuned":
         spec["config"]["tuned"] = JAX_TUNED_OPTIONS if family == "jax" else TUNED_OPTIONS
     return spec

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import launch
 from .results import make_result, write_json_atomic
 
 TIMEOUT_MARKERS = re.compile(
@@ -62,20 +63,25 @@ def kill_group(pgid: int, grace_s: float) -> None:
 
 
 def collect_rank_logs(torchrun_dir: Path, dest_prefix: Path) -> list[Path]:
-    """torchrun writes <dir>/<run_id>_<rand>/attempt_<n>/<rank>/{stdout,stderr}.log;
-    flatten the last attempt into <prefix>.rank<r>.log, one file a rank."""
+    """torchrun writes <dir>/<run_id>_<rand>/attempt_<n>/<local rank>/{stdout,stderr}.log,
+    one <run_id>_<rand> folder per node. Flatten each node's last attempt into
+    <prefix>.rank<r>.log (one node), or <prefix>.node<i>.rank<r>.log (several: i in
+    the order the agents started; the global rank is in each line's [rank r/k])."""
     out = []
-    attempts = sorted(torchrun_dir.glob("*/attempt_*"), key=lambda p: p.stat().st_mtime)
-    if not attempts:
-        return out
-    for rank_dir in sorted(attempts[-1].iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 0):
-        target = Path(f"{dest_prefix}.rank{rank_dir.name}.log")
-        with open(target, "w") as f:
-            for stream in ("stdout.log", "stderr.log"):
-                p = rank_dir / stream
-                if p.exists():
-                    f.write(f"===== {stream} =====\n{p.read_text(errors='replace')}\n")
-        out.append(target)
+    runs = sorted({p.parent for p in torchrun_dir.glob("*/attempt_*")}, key=lambda p: p.stat().st_mtime)
+    for i, run in enumerate(runs):
+        last = max(run.glob("attempt_*"), key=lambda p: p.stat().st_mtime)
+        tag = f".node{i}" if len(runs) > 1 else ""
+        for rank_dir in sorted(last.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+            if not rank_dir.is_dir():
+                continue
+            target = Path(f"{dest_prefix}{tag}.rank{rank_dir.name}.log")
+            with open(target, "w") as f:
+                for stream in ("stdout.log", "stderr.log"):
+                    p = rank_dir / stream
+                    if p.exists():
+                        f.write(f"===== {stream} =====\n{p.read_text(errors='replace')}\n")
+            out.append(target)
     shutil.rmtree(torchrun_dir, ignore_errors=True)
     return out
 
@@ -101,7 +107,14 @@ def main(argv: list[str] | None = None) -> int:
         write_json_atomic(result, make_result(status="skipped", reason=spec["skip_reason"], **common))
         return 0
     limit, grace = float(spec["limit_s"]), float(spec.get("grace_s", 15))
-    env = {**os.environ, **spec.get("env", {}), "PYTHONUNBUFFERED": "1"}
+    launch_env = {}
+    if spec.get("launch"):   # k spans several nodes: srun + torchrun c10d / jax.distributed
+        try:
+            cmd, launch_env = launch.multinode_command(cmd, spec["launch"])
+        except RuntimeError as e:
+            print(f"[watchdog] {e}", file=sys.stderr, flush=True)
+            return 1
+    env = {**os.environ, **spec.get("env", {}), **launch_env, "PYTHONUNBUFFERED": "1"}
     rank_dir = Path(args.rank_logs)
     if rank_dir.exists():
         shutil.rmtree(rank_dir)

@@ -1,0 +1,128 @@
+"""Where a measurement's processes run: on one node, or across the nodes of a
+SLURM allocation.
+
+One node (every k up to `cluster.gpus_per_node`): the rules' commands run as
+written: `torchrun --standalone --nproc-per-node=K`, or one JAX process that
+sees K devices.
+
+Several nodes (k > gpus_per_node, up to cluster.nodes x gpus_per_node): the job
+spec carries `launch = {"nodes": N, "gpus_per_node": G}` and the watchdog, which
+runs in the job's batch step on the allocation's first node, rewrites the
+command before starting it:
+
+    srun --whole --nodes=N --ntasks=N --ntasks-per-node=1 --kill-on-bad-exit=1 --label \
+      torchrun --nnodes=N --nproc-per-node=G --rdzv-backend=c10d \
+               --rdzv-endpoint=<this host>:<port> --rdzv-id=<SLURM_JOB_ID> ...
+
+one torchrun agent per node; the agents meet at the c10d store on the first
+node and number the ranks 0..k-1. A JAX job becomes `srun ... python
+jax_worker.py ...`, one process per node, and `jax_initialize()` joins them
+with jax.distributed (coordinator on the first node, process id SLURM_PROCID).
+The port is derived from the job id (20000-29999), so two jobs sharing a node
+do not collide.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+
+from . import fingerprint as fpmod
+
+TORCHRUN_SINGLE = re.compile(r"--nproc[-_]per[-_]node(=.*)?$")
+
+
+def effective(cluster: dict | None, fp: dict) -> dict:
+    """The config's `cluster` with its defaults filled in from the fingerprint:
+    gpus_per_node null = the devices of this (compute) node's fingerprint."""
+    cluster = cluster or {}
+    return {"nodes": int(cluster.get("nodes") or 1),
+            "gpus_per_node": int(cluster.get("gpus_per_node") or fpmod.devices_present(fp))}
+
+
+def gpus_per_node(cluster: dict) -> int:
+    return int(cluster["gpus_per_node"])
+
+
+def capacity(cluster: dict) -> int:
+    """Most devices one job may use: nodes x devices per node."""
+    return int(cluster["nodes"]) * gpus_per_node(cluster)
+
+
+def nodes_for(k: int, cluster: dict) -> int:
+    """Nodes a k-device job spans (1 for a k that is skipped: it runs nothing)."""
+    if k > capacity(cluster):
+        return 1
+    return max(1, math.ceil(k / gpus_per_node(cluster)))
+
+
+def layout(k: int, cluster: dict) -> dict | None:
+    """The multi-node layout of a k-device job, or None when it fits one node."""
+    n = nodes_for(k, cluster)
+    if n == 1:
+        return None
+    return {"nodes": n, "gpus_per_node": gpus_per_node(cluster)}
+
+
+def rdzv_port(job_id: str | int) -> int:
+    return 20000 + int(job_id) % 10000
+
+
+def _srun(nodes: int) -> list[str]:
+    # --whole: each task gets all of the job's CPUs, memory and GPUs on its node
+    # (a step gets 1 CPU by default); --kill-on-bad-exit: one node's failure ends all.
+    return ["srun", "--whole", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1", "--label"]
+
+
+def multinode_command(cmd: list[str], launch: dict, env: dict | None = None,
+                      host: str | None = None) -> tuple[list[str], dict]:
+    """Turn a one-node command into its multi-node form (see the module doc).
+    Returns the new command and the variables to add to its environment."""
+    env = os.environ if env is None else env
+    job_id = env.get("SLURM_JOB_ID")
+    if not job_id:
+        raise RuntimeError(
+            f"this job spans {launch['nodes']} nodes (k > cluster.gpus_per_node="
+            f"{launch['gpus_per_node']}) but runs outside a SLURM allocation (no SLURM_JOB_ID): "
+            "run the workflow with --profile profiles/slurm, or lower the k")
+    host = host or socket.gethostname()   # the batch step runs on the allocation's first node
+    port = rdzv_port(job_id)
+    n, g = int(launch["nodes"]), int(launch["gpus_per_node"])
+    idx = next((i for i, a in enumerate(cmd) if os.path.basename(a) == "torchrun"), None)
+    if idx is not None:
+        rest, i = [], idx + 1
+        while i < len(cmd):
+            a = cmd[i]
+            if a == "--standalone":
+                pass
+            elif TORCHRUN_SINGLE.match(a):
+                if "=" not in a:
+                    i += 1   # "--nproc-per-node K": drop the value too
+            else:
+                rest.append(a)
+            i += 1
+        new = (cmd[:idx] + _srun(n) + [cmd[idx], f"--nnodes={n}", f"--nproc-per-node={g}",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={job_id}"] + rest)
+        return new, {}
+    # a JAX process (python jax_worker.py ...): one per node, joined by jax.distributed
+    return _srun(n) + list(cmd), {"DPSCALE_COORDINATOR": f"{host}:{port}",
+                                  "DPSCALE_NUM_PROCESSES": str(n),
+                                  "DPSCALE_LOCAL_DEVICES": str(g)}
+
+
+def jax_initialize(gpu: bool) -> bool:
+    """In a JAX worker, before any other JAX call: join the other nodes' processes
+    when the watchdog started this one as part of a multi-node job. Returns whether
+    it did. jax.devices() then lists every node's devices; process 0 writes results."""
+    addr = os.environ.get("DPSCALE_COORDINATOR")
+    if not addr:
+        return False
+    import jax
+    local = int(os.environ["DPSCALE_LOCAL_DEVICES"])
+    kwargs = {"local_device_ids": list(range(local))} if gpu else {}
+    jax.distributed.initialize(coordinator_address=addr,
+                               num_processes=int(os.environ["DPSCALE_NUM_PROCESSES"]),
+                               process_id=int(os.environ["SLURM_PROCID"]), **kwargs)
+    return True
