@@ -47,7 +47,7 @@ def tiny_data(tmp_path_factory):
     return root
 
 
-def make_spec(tiny_data, experiment, k, variant="default", limit_s=60, proto=None, fp=None, inputs=None):
+def make_spec(tiny_data, experiment, k, variant="default", limit_s=120, proto=None, fp=None, inputs=None):
     resolved = {"scale": "smoke", "protocol": {**TINY, **(proto or {})}, "ks": [1, 2], "tuned": False,
                 "watchdog": {"hang_timeout_s": limit_s, "grace_s": 3}, "experiments": [experiment]}
     base = {"cache": str(tiny_data / "fmnist_16px.npz"), "cache_meta": str(tiny_data / "fmnist_16px.json"),

@@ -49,7 +49,7 @@ def resolve(config: dict, fp: dict) -> dict:
         tuned = gpus > 0
     wd = dict(config["watchdog"])
     if wd["hang_timeout_s"] == "auto":
-        wd["hang_timeout_s"] = 900 if scale == "paper" else 60
+        wd["hang_timeout_s"] = 900 if scale == "paper" else 120   # a loaded 2-core box needs the slack
     cluster = dict(config.get("cluster") or {"nodes": 1, "gpus_per_node": None})
     eff = launch.effective(cluster, fp)
     per_node = eff["gpus_per_node"]
