@@ -333,9 +333,3 @@ def load_cache(npz, meta_json, verify: bool = True) -> tuple[dict, dict]:
     with np.load(npz) as z:
         arrays = {key: z[key] for key in z.files}
     return arrays, meta
-
-
-def provenance(meta: dict) -> dict:
-    """What every result records about its data."""
-    return {"source": meta["source"], "origin": meta.get("origin"),
-            "image_size": meta["image_size"], "cache_sha256": meta["sha256"]}

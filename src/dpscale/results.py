@@ -109,17 +109,20 @@ def load_result(path: str | os.PathLike) -> dict:
     return validate_result(obj, str(path))
 
 
+def provenance(meta: dict) -> dict:
+    """What every result records about its data, from the resize cache's sidecar JSON."""
+    return {"source": meta["source"], "origin": meta.get("origin"),
+            "image_size": meta["image_size"], "cache_sha256": meta["sha256"]}
+
+
 def write_result(spec: dict, path: str | os.PathLike, metrics: dict, started_utc: str,
                  runtime: dict) -> dict:
     """A measurement's result, from its job spec: status from metrics['_status']
     (a check beside a timing may fail it), data provenance from the cache's sidecar."""
     status, reason = metrics.pop("_status", ("ok", None))
-    data = {}
     meta_path = spec.get("inputs", {}).get("cache_meta")
-    if meta_path and Path(meta_path).exists():
-        meta = json.loads(Path(meta_path).read_text())
-        data = {"source": meta["source"], "origin": meta.get("origin"),
-                "image_size": meta["image_size"], "cache_sha256": meta["sha256"]}
+    data = (provenance(json.loads(Path(meta_path).read_text()))
+            if meta_path and Path(meta_path).exists() else {})
     result = make_result(experiment=spec["experiment"], variant=spec["variant"], k=spec["k"],
                          status=status, reason=reason, metrics=metrics, config=spec["config"],
                          fingerprint=spec["fingerprint"], backend=spec["backend"],
