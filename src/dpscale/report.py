@@ -370,15 +370,20 @@ def book_form_scaling(m: Machine, row: dict, strong: bool) -> str:
     return f"{head}, {row['speedup']:.2f}x, {100 * row['efficiency']:.0f}% {kind}-scaling efficiency"
 
 
+def status_row(m: Machine, k: int, r: dict, **values) -> dict:
+    """A table row: which machine and k, how the run ended, then its values."""
+    return {"machine": m.name, "k": k, "status": r["status"], "reason": r.get("reason") or "", **values}
+
+
 def probe_rows(m: Machine) -> list[dict]:
     rows = []
     for k, r in m.series("ddp_comm_probe", "default").items():
-        rows.append({"machine": m.name, "k": k, "status": r["status"], "reason": r.get("reason") or "",
-                     "synced_ms": metric(r, "synced_ms"), "no_sync_ms": metric(r, "no_sync_ms"),
-                     "comm_ms": metric(r, "comm_ms"), "pred_flat_ms": metric(r, "pred_flat_ms"),
-                     "pred_ring_ms": metric(r, "pred_ring_ms"), "pred_book_ms": metric(r, "pred_book_ms"),
-                     "grad_MB": (metric(r, "grad_bytes") or 0) / 1e6 or None,
-                     "n_buckets": len(metric(r, "bucket_bytes") or []) or None})
+        rows.append(status_row(
+            m, k, r, synced_ms=metric(r, "synced_ms"), no_sync_ms=metric(r, "no_sync_ms"),
+            comm_ms=metric(r, "comm_ms"), pred_flat_ms=metric(r, "pred_flat_ms"),
+            pred_ring_ms=metric(r, "pred_ring_ms"), pred_book_ms=metric(r, "pred_book_ms"),
+            grad_MB=(metric(r, "grad_bytes") or 0) / 1e6 or None,
+            n_buckets=len(metric(r, "bucket_bytes") or []) or None))
     return rows
 
 
@@ -458,7 +463,7 @@ def bucket_rows(m: Machine) -> list[dict]:
     rows = []
     for k, r in m.series("ddp_bucket_sweep", "default").items():
         if not ok(r):
-            rows.append({"machine": m.name, "k": k, "status": r["status"], "reason": r.get("reason") or ""})
+            rows.append(status_row(m, k, r))
             continue
         best = metric(r, "best_bucket_cap_MiB")
         for p in metric(r, "sweep", default=[]):
@@ -474,7 +479,7 @@ def fsdp_rows(m: Machine) -> list[dict]:
     rows = []
     for k, r in m.series("fsdp", "default").items():
         if not ok(r):
-            rows.append({"machine": m.name, "k": k, "status": r["status"], "reason": r.get("reason") or ""})
+            rows.append(status_row(m, k, r))
             continue
         mt = r["metrics"]
         for name in ("ddp", "fsdp"):
