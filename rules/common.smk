@@ -20,6 +20,7 @@ SIZE = PROTO["image_size"]
 DATA = "results/data"
 CACHE = f"{DATA}/fmnist_{SIZE}px.npz"
 CACHE_META = f"{DATA}/fmnist_{SIZE}px.json"
+FLOPS = "results/model/flops_{size}px.json"
 RAW = [
     f"{DATA}/FashionMNIST/raw/{n}"
     for n in (
@@ -40,6 +41,8 @@ def job_inputs(experiment, variant, k):
     inputs = {"cache": CACHE, "cache_meta": CACHE_META, "data_root": DATA}
     if experiment == "ddp_comm_probe":
         inputs["allreduce"] = {"2": "results/runs/allreduce/default/k2.json"}
+    if experiment == "jax_weak":
+        inputs["flops"] = FLOPS.format(size=SIZE)
     return inputs
 
 

@@ -37,3 +37,20 @@ rule resize:
     shell:
         "python {params.scripts}/resize.py --root $(dirname {input.provenance}) --size {wildcards.size}"
         " --out {output.cache} --meta {output.meta} > {log} 2>&1"
+
+
+# The model's training FLOPs per sample, counted once by torch.utils.flop_counter:
+# the numerator of MFU for the JAX runs too (they do not import torch).
+rule model_flops:
+    output:
+        FLOPS,
+    log:
+        "logs/model/flops_{size}px.log",
+    wildcard_constraints:
+        size=r"\d+",
+    conda:
+        "../envs/torch.yaml"
+    params:
+        scripts=SCRIPTS,
+    shell:
+        "python {params.scripts}/flops.py --size {wildcards.size} --out {output} > {log} 2>&1"

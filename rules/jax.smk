@@ -12,6 +12,7 @@ rule jax_weak:
     input:
         cache=CACHE,
         meta=CACHE_META,
+        flops=FLOPS.format(size=SIZE),
     output:
         json="results/runs/jax_weak/{variant}/k{k}.json",
     log:

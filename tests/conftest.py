@@ -15,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from dpscale import data, specs  # noqa: E402
+from dpscale.models import model_flops_record  # noqa: E402
+from dpscale.results import write_json_atomic  # noqa: E402
 
 CPU_FP = {"gpu_model": None, "gpu_count": 0, "gpu_memory_MiB": None, "driver": None, "cuda": None,
           "nccl": None, "interconnect": "none", "cpu_model": "test-cpu", "cpu_count": 2,
@@ -44,6 +46,7 @@ def tiny_data(tmp_path_factory):
               "test_x": data.resize_split(xt, 16), "test_y": yt.astype(np.int64)}
     data.write_cache(arrays, {"source": "synthetic", "origin": "tests"}, root / "fmnist_16px.npz",
                      root / "fmnist_16px.json")
+    write_json_atomic(root / "flops_16px.json", model_flops_record(16))   # what rule model_flops writes
     return root
 
 
@@ -52,6 +55,8 @@ def make_spec(tiny_data, experiment, k, variant="default", limit_s=120, proto=No
                 "watchdog": {"hang_timeout_s": limit_s, "grace_s": 3}, "experiments": [experiment]}
     base = {"cache": str(tiny_data / "fmnist_16px.npz"), "cache_meta": str(tiny_data / "fmnist_16px.json"),
             "data_root": str(tiny_data)}
+    if experiment == "jax_weak":   # as rules/common.smk's job_inputs
+        base["flops"] = str(tiny_data / "flops_16px.json")
     return specs.job_spec(resolved, fp or CPU_FP, experiment, variant, k, {**base, **(inputs or {})})
 
 

@@ -4,6 +4,7 @@ synthetic cache. Every run is a fresh process: XLA reads XLA_FLAGS (the number o
 host devices) once, when jax starts, so it cannot be changed inside pytest."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -98,6 +99,20 @@ def test_weak(tiny_data, tmp_path, k, variant):
     assert 0 < m["step_ms_p10"] <= m["step_ms_median"] <= m["step_ms_p90"]
     assert m["first_step_s"] > 0 and np.isfinite(m["loss_last"]) and m["dispatch_ms_median"] > 0
     assert ("tuned_options" in m) == (variant == "tuned")
+    # MFU's numerator is the counted FLOPs (rule model_flops); the bf16 matmul peak that
+    # divides it is measured on GPUs only, so a CPU run has no mfu
+    assert m["flops_per_sample"] == json.loads((tiny_data / "flops_16px.json").read_text())["flops_per_sample"]
+    assert m["achieved_TFLOPs_per_device"] == pytest.approx(m["flops_per_sample"] * m["samples_per_s_per_device"] / 1e12)
+    assert "mfu" not in m
+
+
+def test_mfu_refuses_a_count_for_another_image_size(tiny_data, tmp_path):
+    from dpscale import jax_runs
+    spec = make_spec(tiny_data, "jax_weak", 1, "host", proto={"image_size": 32})
+    with pytest.raises(ValueError, match=r"counts 16px images, the protocol asks for 32px"):
+        jax_runs.mfu_metrics(jax_runs.Ctx(spec), 100.0, 1e15)
+    m = jax_runs.mfu_metrics(jax_runs.Ctx(make_spec(tiny_data, "jax_weak", 1, "host")), 1000.0, 2e15)
+    assert m["mfu"] == pytest.approx(m["flops_per_sample"] * 1000.0 / 2e15)
 
 
 @pytest.mark.multiproc

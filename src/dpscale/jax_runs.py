@@ -17,6 +17,7 @@ import contextlib
 import functools
 import importlib.metadata
 import io
+import json
 import math
 import os
 import re
@@ -72,9 +73,11 @@ def shard_batch(X, y, mesh):
 
 
 def replicate(module, mesh):
-    """Give every device of the mesh a full copy of a module's state."""
+    """Give every device of the mesh a full copy of a module's state. Always a copy
+    (may_alias=False): on one device device_put would hand back the same buffers, shared
+    with the cached initial model, and the tuned step donates (deletes) its inputs."""
     sh = NamedSharding(mesh, P())
-    nnx.update(module, jax.device_put(nnx.state(module), sh))
+    nnx.update(module, jax.device_put(nnx.state(module), sh, may_alias=False))
 
 
 @functools.cache
@@ -180,6 +183,42 @@ def load_train(ctx: Ctx):
     return arrays["train_x"][:n], arrays["train_y"][:n].astype(np.int32), meta
 
 
+def measure_matmul_peak(device, n: int = 8192, iters: int = 20) -> float:
+    """bf16 dense matmul FLOP/s on one device, measured now: the MFU denominator
+    (the PyTorch side measures the same product with torch)."""
+    ka, kb = jax.random.split(jax.random.key(0))
+    a = jax.device_put(jax.random.normal(ka, (n, n), jnp.bfloat16), device)
+    b = jax.device_put(jax.random.normal(kb, (n, n), jnp.bfloat16), device)
+    mm = jax.jit(jnp.matmul)
+    for _ in range(3):
+        out = mm(a, b)
+    block(out)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        out = mm(a, b)   # one live output, as in torch: keeping all 20 made every call a fresh
+    block(out)           # cudaMalloc (no preallocation) and read 405-536 TFLOP/s on an H200
+    return 2 * n ** 3 * iters / (time.perf_counter() - t0)
+
+
+def mfu_metrics(ctx: Ctx, samples_per_s_per_device: float, peak: float | None) -> dict:
+    """MFU = counted model FLOP/s over the measured bf16 matmul peak, as torch_runs does.
+    The count comes from results/model/flops_<size>px.json (torch.utils.flop_counter)."""
+    path = ctx.spec["inputs"].get("flops")
+    if not path:
+        return {}
+    with open(path) as f:
+        rec = json.load(f)
+    if rec["image_size"] != ctx.proto["image_size"]:
+        raise ValueError(f"{path} counts {rec['image_size']}px images, the protocol asks for "
+                         f"{ctx.proto['image_size']}px")
+    flops = rec["flops_per_sample"]
+    m = {"flops_per_sample": flops, "achieved_TFLOPs_per_device": flops * samples_per_s_per_device / 1e12}
+    if peak:
+        m["bf16_matmul_peak_TFLOPs"] = peak / 1e12
+        m["mfu"] = flops * samples_per_s_per_device / peak
+    return m
+
+
 def peak_mem_MiB(devices) -> float | None:
     # this process's devices only: another node's cannot be asked (multi-node runs)
     peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices
@@ -207,6 +246,8 @@ def exp_weak(ctx: Ctx) -> dict:
     if steps < 1:
         raise ValueError(f"train_images={len(x_u8)} gives no full global batch of {k} x {b} = {B}")
     mesh = make_mesh(k)
+    gpu = mesh.devices.flat[0].platform == "gpu"
+    peak = measure_matmul_peak(mesh.devices.flat[0]) if gpu else None
     model, opt = build(mesh, jnp.bfloat16 if variant == "tuned" else None)
 
     if variant == "host":
@@ -298,6 +339,7 @@ def exp_weak(ctx: Ctx) -> dict:
          "input_path": {"host": "host float32 batches, device_put per step",
                         "device": "device-resident uint8 set, sliced per step",
                         "tuned": "device-resident uint8 set, sliced per step"}[variant]}
+    m.update(mfu_metrics(ctx, m["samples_per_s_per_device"], peak))
     if variant == "tuned":
         m["tuned_options"] = {"compute_dtype": "bfloat16 (convolutions, batch norm)",
                               "param_dtype": "float32", "loss_dtype": "float32",

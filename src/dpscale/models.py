@@ -103,3 +103,11 @@ def torch_flops_per_sample(image_size: int, device="cpu") -> int:
     with FlopCounterMode(display=False) as counter:
         net(x).sum().backward()
     return counter.get_total_flops() // 2
+
+
+def model_flops_record(image_size: int) -> dict:
+    """What scripts/flops.py writes: the count, how it was made, and for which model."""
+    import torch
+    return {"image_size": image_size, "flops_per_sample": torch_flops_per_sample(image_size),
+            "counted_by": "torch.utils.flop_counter.FlopCounterMode, forward+backward, batch 2, divided by 2",
+            "parameters": count_torch(torch_resnet18()), "torch": torch.__version__}
