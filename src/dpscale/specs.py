@@ -38,7 +38,9 @@ VARIANT_ENV = {("allreduce", "memcpy"): MEMCPY_ENV, ("ddp_memcpy_training", "def
 # H200 (torch 2.11) they ran at 13,282 samples/s against 20,522 without them, the
 # rank log saying "Grad strides do not match bucket view strides" (channels_last
 # weights vs contiguous bucket views: every gradient copied). Opt in by variant.
-TUNED_OPTIONS = {"precision": "bf16", "channels_last": True, "compile": True,
+# cuda_graph: the whole step is captured and replayed (torch_runs.GraphedStep): the
+# compiled step is host-bound on a 16-core H200 box (16-25 ms to issue ~14 ms of GPU work).
+TUNED_OPTIONS = {"precision": "bf16", "channels_last": True, "compile": True, "cuda_graph": True,
                  "data": "device-resident cache", "optimizer": "fused SGD", "ddp": []}
 JAX_TUNED_OPTIONS = {"precision": "bf16 compute, float32 parameters and loss",
                      "data": "device-resident cache",
