@@ -525,6 +525,77 @@ def fig_loader(data: ReportData):
                   + machines_line(data, ms), notes.text(absent(data, "ddp_weak", "ddp_strong")), legend=legend)
 
 
+# ---------------------------------------------------------------- tuned series
+
+TUNED_GROUPS = (("ddp_weak", "DDP (PyTorch)", (("seed", "the book's protocol: DataLoader, fp32/TF32"),
+                                               ("cached", "resize cache on the device, fp32/TF32"),
+                                               ("tuned", "bf16, channels_last, compile, fused SGD, CUDA graph"))),
+                ("jax_weak", "JAX", (("host", "the book's protocol: host-staged, fp32/TF32"),
+                                     ("device", "data on the device, fp32/TF32"),
+                                     ("tuned", "bf16 compute, data on the device, jax.jit over flat state"))))
+TUNED_COLORS = ("#9e9e9e", "#1f77b4", "#ff7f0e")
+
+
+def fig_tuned(data: ReportData):
+    """Per-device samples/s at the smallest k of each machine: the book's protocol,
+    the device-resident data, the tuned series; MFU under each bar where measured,
+    and the bf16 arithmetic limit (measured matmul peak / counted FLOPs per sample)."""
+    ms = [m for m in data.measured if any(m.variants(e) for e, _t, _v in TUNED_GROUPS)]
+    fig, axes = new_figure(max(1, len(ms)), 1, height=5.3)
+    notes = Notes()
+    heads = []
+    if not ms:
+        empty(axes[0, 0], "No DDP or JAX throughput results: nothing to compare.")
+    for ax, m in zip(axes[0], ms):
+        k = min(m.ks("ddp_weak") + m.ks("jax_weak"))
+        top, limits, parts = 1.0, [], []
+        for gi, (e, title, variants) in enumerate(TUNED_GROUPS):
+            base = None
+            for i, ((v, _text), color) in enumerate(zip(variants, TUNED_COLORS)):
+                r = m.get(e, v, k)
+                x = gi + (i - 1) * 0.27
+                if ok(r):
+                    s = metric(r, "samples_per_s_per_device")
+                    top = max(top, s)
+                    ax.bar(x, s, 0.25, color=color)
+                    mfu = metric(r, "mfu")
+                    ax.text(x, s, f"{fmt_num(s)}" + (f"\nMFU {mfu:.2f}" if mfu else ""), ha="center",
+                            va="bottom", fontsize=7.5)
+                    if metric(r, "bf16_matmul_peak_TFLOPs") and metric(r, "flops_per_sample"):
+                        limits.append(1e12 * metric(r, "bf16_matmul_peak_TFLOPs") / metric(r, "flops_per_sample"))
+                    base = s if i == 0 else base
+                    if v == "tuned":
+                        parts.append(f"{title.split()[0]} {fmt_num(s)}" + (f" ({base and s / base:.1f}x)" if base else "")
+                                     + (f", MFU {mfu:.2f}" if mfu else ""))
+                elif r is not None:
+                    ax.bar(x, 1, 0.25, color="white", ec=color, hatch="xx")
+                    ax.text(x, 0, r["status"], ha="center", va="bottom", fontsize=7, rotation=90, color="#b71c1c")
+                    notes.add(m, r, f"{e} {v} k={k}")
+        if limits:
+            lim = sorted(limits)[len(limits) // 2]
+            ax.axhline(lim, color="#444", ls=":", lw=1.2)
+            ax.text(1.45, lim, f"bf16 arithmetic limit {fmt_num(lim)}\n(measured matmul peak / counted FLOPs)",
+                    ha="right", va="top", fontsize=7.5, color="#444")
+            top = max(top, lim)
+        if parts:
+            heads.append(f"{m.short} tuned " + "; ".join(parts))
+        ax.set_xticks(range(len(TUNED_GROUPS)), [t for _e, t, _v in TUNED_GROUPS], fontsize=9.5)
+        ax.set_xlim(-0.55, len(TUNED_GROUPS) - 0.45)
+        ax.set_ylim(0, top * 1.15)
+        ax.set_ylabel(f"samples/s per device, k={k}")
+        ax.set_title(m.name, fontsize=9.5)
+    legend = Legend()
+    for _e, title, variants in TUNED_GROUPS:
+        legend.header(title)
+        for (v, text), color in zip(variants, TUNED_COLORS):
+            legend.add(Patch(fc=color), f"{v}: {text}")
+    head = ("The tuned series beside the book's protocol: " + "; ".join(heads)) if heads \
+        else "The tuned series beside the book's protocol: no tuned run (tuned: auto runs it on GPUs)"
+    return finish(fig, head, "Same model, same per-rank batch; MFU = counted FLOPs x samples/s / measured bf16 "
+                  "matmul peak.   " + machines_line(data, ms),
+                  notes.text(absent(data, "ddp_weak", "jax_weak")), legend=legend)
+
+
 # ---------------------------------------------------------------- communication
 
 PROBE_BARS = [("comm_ms", "measured: synced - no_sync step time", None),
@@ -1026,6 +1097,7 @@ DRAW = {
     "scaling_strong": lambda d: fig_scaling(d, "ddp_strong"),
     "efficiency": fig_efficiency,
     "loader": fig_loader,
+    "tuned": fig_tuned,
     "comm_probe": fig_comm_probe,
     "allreduce": fig_allreduce,
     "bucket_sweep": fig_bucket_sweep,
