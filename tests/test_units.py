@@ -242,3 +242,12 @@ def test_watchdog_kills_the_whole_group(tmp_path):
     assert rc == 0 and time.monotonic() - t0 < 15
     r = json.loads((tmp_path / "r.json").read_text())
     assert r["status"] == "hung" and r["stray_processes"] is False
+
+
+def test_mfu_is_counted_flops_times_rate_over_measured_peak():
+    from dpscale.costmodel import mfu_fields
+    m = mfu_fields(13_000_000_000, 20_000.0, 780e12)
+    assert m["mfu"] == pytest.approx(13e9 * 2e4 / 780e12) == pytest.approx(1 / 3)
+    assert m["achieved_TFLOPs_per_device"] == pytest.approx(260.0) and m["bf16_matmul_peak_TFLOPs"] == 780.0
+    assert "mfu" not in mfu_fields(13_000_000_000, 20_000.0, None)   # no GPU: no peak, no MFU
+    assert mfu_fields(None, 20_000.0, 780e12) == {}

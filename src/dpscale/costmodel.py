@@ -6,6 +6,7 @@ Bandwidths follow nccl-tests (github.com/NVIDIA/nccl-tests/blob/master/doc/PERFO
                                       comparable across k and with the hardware peak
 The book's "effective bytes/device/s" (section 13.6's benchmark) is 2 S / t.
 GB here is 1e9 bytes, as in nccl-tests.
+The compute side, MFU, is defined here once too (mfu_fields), for both frameworks.
 """
 from __future__ import annotations
 
@@ -18,6 +19,19 @@ def algbw(size_bytes: float, t_s: float) -> float:
 
 def busbw(size_bytes: float, t_s: float, k: int) -> float:
     return algbw(size_bytes, t_s) * 2 * (k - 1) / k
+
+
+def mfu_fields(flops_per_sample: int | None, samples_per_s_per_device: float, peak_flops: float | None) -> dict:
+    """MFU = counted model FLOPs x samples/s per device / the bf16 matmul FLOP/s measured
+    on the same device in the same job; with the numbers it is made of."""
+    m = {}
+    if flops_per_sample:
+        m["flops_per_sample"] = flops_per_sample
+        m["achieved_TFLOPs_per_device"] = flops_per_sample * samples_per_s_per_device / 1e12
+    if flops_per_sample and peak_flops:
+        m["bf16_matmul_peak_TFLOPs"] = peak_flops / 1e12
+        m["mfu"] = flops_per_sample * samples_per_s_per_device / peak_flops
+    return m
 
 
 def book_beta(size_bytes: float, t_s: float) -> float:

@@ -29,7 +29,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from . import data as dsdata
+from . import costmodel, data as dsdata
 from .models import count_flax, flax_resnet18
 from .results import utc_now, write_result
 from .timing import summary
@@ -211,12 +211,7 @@ def mfu_metrics(ctx: Ctx, samples_per_s_per_device: float, peak: float | None) -
     if rec["image_size"] != ctx.proto["image_size"]:
         raise ValueError(f"{path} counts {rec['image_size']}px images, the protocol asks for "
                          f"{ctx.proto['image_size']}px")
-    flops = rec["flops_per_sample"]
-    m = {"flops_per_sample": flops, "achieved_TFLOPs_per_device": flops * samples_per_s_per_device / 1e12}
-    if peak:
-        m["bf16_matmul_peak_TFLOPs"] = peak / 1e12
-        m["mfu"] = flops * samples_per_s_per_device / peak
-    return m
+    return costmodel.mfu_fields(rec["flops_per_sample"], samples_per_s_per_device, peak)
 
 
 def peak_mem_MiB(devices) -> float | None:

@@ -289,12 +289,7 @@ def throughput_metrics(ctx: Ctx, rows: list[dict], flops: int | None, peak: floa
          "cuda_graph_error": rows[0].get("cuda_graph_error"),
          "peak_mem_MiB": max((r["peak_mem_MiB"] or 0) for r in rows) or None,
          "per_rank": rows}
-    if flops:
-        m["flops_per_sample"] = flops
-        m["achieved_TFLOPs_per_device"] = flops * m["samples_per_s_per_device"] / 1e12
-    if flops and peak:
-        m["bf16_matmul_peak_TFLOPs"] = peak / 1e12
-        m["mfu"] = flops * m["samples_per_s_per_device"] / peak
+    m.update(costmodel.mfu_fields(flops, m["samples_per_s_per_device"], peak))
     return m
 
 
