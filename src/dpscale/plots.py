@@ -538,7 +538,7 @@ TUNED_COLORS = ("#9e9e9e", "#1f77b4", "#ff7f0e")
 
 def fig_tuned(data: ReportData):
     """Per-device samples/s at the smallest k of each machine: the book's protocol,
-    the device-resident data, the tuned series; MFU under each bar where measured,
+    the device-resident data, the tuned series; MFU beside each number where measured,
     and the bf16 arithmetic limit (measured matmul peak / counted FLOPs per sample)."""
     ms = [m for m in data.measured if any(m.variants(e) for e, _t, _v in TUNED_GROUPS)]
     fig, axes = new_figure(max(1, len(ms)), 1, height=5.3)
@@ -565,7 +565,7 @@ def fig_tuned(data: ReportData):
                         limits.append(1e12 * metric(r, "bf16_matmul_peak_TFLOPs") / metric(r, "flops_per_sample"))
                     base = s if i == 0 else base
                     if v == "tuned":
-                        parts.append(f"{title.split()[0]} {fmt_num(s)}" + (f" ({base and s / base:.1f}x)" if base else "")
+                        parts.append(f"{title.split()[0]} {fmt_num(s)}" + (f" ({s / base:.1f}x)" if base else "")
                                      + (f", MFU {mfu:.2f}" if mfu else ""))
                 elif r is not None:
                     ax.bar(x, 1, 0.25, color="white", ec=color, hatch="xx")

@@ -34,10 +34,11 @@ PROTOCOL_KEYS = {
 MEMCPY_ENV = {"NCCL_SHM_USE_CUDA_MEMCPY": "1", "NCCL_P2P_DISABLE": "1"}
 VARIANT_ENV = {("allreduce", "memcpy"): MEMCPY_ENV, ("ddp_memcpy_training", "default"): MEMCPY_ENV}
 
-# The tuned series. DDP's gradient_as_bucket_view and static_graph are off: on the
-# H200 (torch 2.11) they ran at 13,282 samples/s against 20,522 without them, the
-# rank log saying "Grad strides do not match bucket view strides" (channels_last
-# weights vs contiguous bucket views: every gradient copied). Opt in by variant.
+# The tuned series. DDP's gradient_as_bucket_view and static_graph are off (opt in by
+# variant): with them the rank log said "Grad strides do not match bucket view
+# strides" (channels_last weights vs contiguous bucket views), and their one H200
+# timing, 13,282 samples/s, was taken before the CUDA graph, when the step was
+# host-bound, so it says nothing about them either way.
 # cuda_graph: the whole step is captured and replayed (torch_runs.GraphedStep): the
 # compiled step is host-bound on a 16-core H200 box (16-25 ms to issue ~14 ms of GPU work).
 TUNED_OPTIONS = {"precision": "bf16", "channels_last": True, "compile": True, "cuda_graph": True,

@@ -102,12 +102,16 @@ def seed_loader(ctx: Ctx, batch: int):
 
 # ---------------------------------------------------------------- model
 
+def tuned_options(ctx: Ctx, tuned: bool) -> dict:
+    return ctx.spec.get("config", {}).get("tuned", {}) if tuned else {}
+
+
 def build_ddp(ctx: Ctx, tuned: bool = False, **ddp_kwargs):
     torch.manual_seed(0)
     model = torch_resnet18().to(ctx.device)
     if tuned:
         model = model.to(memory_format=torch.channels_last)
-        flags = ctx.spec.get("config", {}).get("tuned", {}).get("ddp", [])
+        flags = tuned_options(ctx, tuned).get("ddp", [])
         ddp_kwargs = {**{flag: True for flag in flags}, **ddp_kwargs}
     model = DDP(model, device_ids=[ctx.local_rank] if ctx.cuda else None, **ddp_kwargs)
     return model
@@ -136,10 +140,6 @@ def measure_matmul_peak(ctx: Ctx, n: int = 8192, iters: int = 20) -> float | Non
 
 
 # ---------------------------------------------------------------- DDP throughput
-
-def tuned_options(ctx: Ctx, tuned: bool) -> dict:
-    return ctx.spec.get("config", {}).get("tuned", {}) if tuned else {}
-
 
 def graph_side_stream(ctx: Ctx, tuned: bool):
     """The side stream of a CUDA-graphed tuned run (None otherwise). DDP must be
@@ -208,7 +208,7 @@ def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, epochs: int, s
     opts = tuned_options(ctx, tuned)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, **({"fused": True} if tuned and ctx.cuda else {}))
     loss_fn = nn.CrossEntropyLoss()
-    forward = torch.compile(model) if opts.get("compile", True) and tuned else model
+    forward = torch.compile(model) if opts.get("compile") else model
 
     def step(X, y):
         with autocast(ctx, tuned):
