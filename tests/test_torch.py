@@ -46,6 +46,40 @@ def test_tuned_variant_runs_on_cpu_without_compile(tiny_data, tmp_path):
     assert ok(res)["samples_per_s"] > 0
 
 
+def test_tuned_ddp_compiles_the_model_as_one_graph(monkeypatch):
+    """build_ddp compiles the model inside DDP. torch.compile(DDP(model)) graph-breaks
+    in DDP.forward, runs the stem, pool and head eagerly and compiles each residual
+    block as its own frame (the H200 step was 15% slower). Checked with dynamo's
+    counters, on a backend that skips inductor's minutes of code generation."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters
+
+    from dpscale import torch_runs as tr
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: compile_(model, backend="aot_eager"))
+    for key, val in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(key, val)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        torch._dynamo.reset()
+        counters.clear()
+        ctx = tr.Ctx({"backend": "gloo", "config": {"protocol": {}, "tuned": {"compile": True, "ddp": []}}})
+        model = tr.build_ddp(ctx, tuned=True, bucket_cap_mb=10)
+        model(torch.randn(2, 1, 16, 16).contiguous(memory_format=torch.channels_last)).sum().backward()
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+        assert all(p.grad is not None for p in model.parameters())
+    finally:
+        torch._dynamo.reset()
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("k", [1, 2])
 def test_fsdp_shards_state(tiny_data, tmp_path, k):
     rc, res, log = run_job(make_spec(tiny_data, "fsdp", k), tmp_path)
