@@ -2,7 +2,7 @@
 state: dpscale.jax_runs.pure_resident_step) at several batch sizes, XLA's cost
 analysis of it, and a GPU kernel-time breakdown from a jax.profiler trace.
 Not part of the pipeline (see profile_torch_step.py).
-Usage: JEX_BATCHES=256,512,1024 python tools/gpu/profile_jax_step.py [budget_s] [tag]"""
+Usage: [JEX_NOBN=1] JEX_BATCHES=256,512,1024 python tools/gpu/profile_jax_step.py [budget_s] [tag]"""
 import glob, gzip, json, os, sys, time
 sys.path.insert(0, "src")
 import numpy as np, jax, jax.numpy as jnp
@@ -14,6 +14,9 @@ TAG = sys.argv[2] if len(sys.argv) > 2 else "default"
 gpu = jax.devices()[0].platform == "gpu"
 S = 64 if gpu else 16
 mesh = jr.make_mesh(1)
+if os.environ.get("JEX_NOBN"):   # a bound, not the model: every BatchNorm passes its input through
+    nnx.BatchNorm.__call__ = lambda self, x, *a, **kw: x
+    TAG += "_nobn"
 
 def bench(B, prof=False, steps_n=40, dtype=jnp.bfloat16):
     if time.time() - T0 > BUDGET: print("skip", B, flush=True); return
