@@ -21,13 +21,17 @@ from dpscale.specs import TUNED_OPTIONS
 T0 = time.time()
 BUDGET = float(sys.argv[1])
 VARIANTS = sys.argv[2:]
-B, STEPS, REPS = (256, 60, 5) if torch.cuda.is_available() else (8, 3, 2)
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29612", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 cuda = torch.cuda.is_available()
-S = 64 if cuda else 16
+B, STEPS, REPS, S = (256, 60, 5, 64) if cuda else (8, 3, 2, 16)
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29612", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 
 
 class ProbeCtx(tr.Ctx):
+    """train_epochs logs each epoch's samples/s: kept, to take the median of the timed ones."""
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.lines = []
+
     def log(self, msg):
         self.lines.append(msg)
         print("   ", msg, flush=True)
@@ -40,14 +44,13 @@ def spec_for(tuned=None, ddp_options=None):
                        "tuned": {**TUNED_OPTIONS, **(tuned or {})}}}
 
 
-def run(name, tuned=None, ddp=True, bn=True, dynamo=None, outer=False):
+def run(name, tuned=None, ddp=True, bn=True, optimize_ddp=True, outer=False):
     if time.time() - T0 > BUDGET:
         print("skip", name, flush=True)
         return
     torch._dynamo.reset()
-    torch._dynamo.config.optimize_ddp = True if dynamo is None else dynamo
+    torch._dynamo.config.optimize_ddp = optimize_ddp
     ctx = ProbeCtx(spec_for(tuned))
-    ctx.lines = []
     side = tr.graph_side_stream(ctx, True)
     t = time.time()
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
@@ -80,8 +83,6 @@ def run(name, tuned=None, ddp=True, bn=True, dynamo=None, outer=False):
 
 dist.init_process_group("nccl" if cuda else "gloo", **({"device_id": torch.device("cuda", 0)} if cuda else {}))
 torch.backends.cudnn.benchmark = True
-if "recompiles" in os.environ.get("TORCH_LOGS", ""):
-    print("TORCH_LOGS =", os.environ["TORCH_LOGS"])
 table = {
     "base": {},
     "nocompile": {"tuned": {"compile": False}},
@@ -89,7 +90,7 @@ table = {
     "noddp": {"ddp": False},
     "bucketview": {"tuned": {"ddp": ["gradient_as_bucket_view"]}},
     "bucketview_static": {"tuned": {"ddp": ["gradient_as_bucket_view", "static_graph"]}},
-    "no_optimize_ddp": {"dynamo": False},
+    "no_optimize_ddp": {"optimize_ddp": False},
     "maxautotune": {"tuned": {"compile": "max-autotune-no-cudagraphs"}},
     "maxautotune_bucketview": {"tuned": {"compile": "max-autotune-no-cudagraphs", "ddp": ["gradient_as_bucket_view"]}},
     "nobn_noddp": {"ddp": False, "bn": False},
