@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "multinode_worker.py"
@@ -30,12 +30,6 @@ TIMEOUT_S = 150
 TOL = 1e-5
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def env_for(**extra) -> dict:

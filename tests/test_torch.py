@@ -8,7 +8,7 @@ import os
 import time
 
 import pytest
-from conftest import make_spec, run_job
+from conftest import free_port, make_spec, run_job
 
 from dpscale.results import validate_result
 
@@ -51,8 +51,6 @@ def test_tuned_ddp_compiles_the_model_as_one_graph(monkeypatch):
     in DDP.forward, runs the stem, pool and head eagerly and compiles each residual
     block as its own frame (the H200 step was 15% slower). Checked with dynamo's
     counters, on a backend that skips inductor's minutes of code generation."""
-    import socket
-
     import torch
     import torch.distributed as dist
     from torch._dynamo.utils import counters
@@ -62,10 +60,7 @@ def test_tuned_ddp_compiles_the_model_as_one_graph(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda model, mode=None: compile_(model, backend="aot_eager"))
     for key, val in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(key, val)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         torch._dynamo.reset()
         counters.clear()
