@@ -5,7 +5,9 @@ repeats of N steps between synchronisations; the median, min and max samples/s;
 the host time of one step with the GPU idle; for some, a kernel-time breakdown
 from torch.profiler. Variants built in one process share dynamo's cache, so a
 second batch size may be compiled with dynamic shapes: compare batch sizes in
-separate runs. Usage: python tools/gpu/profile_torch_step.py [budget_s]"""
+separate runs. Its DDP variants compile around DDP, torch.compile(DDP(model)): the
+wrapping the pipeline used until build_ddp moved the compile inside (probe_tuned_ddp.py
+times both). Usage: python tools/gpu/profile_torch_step.py [budget_s]"""
 import os, sys, time, json, torch, torch.distributed as dist
 sys.path.insert(0, "src")
 from torch.nn.parallel import DistributedDataParallel as DDP
