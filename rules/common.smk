@@ -1,12 +1,20 @@
-# Helpers for every stage: the resolved config, the machine's fingerprint, job
-# specs and targets. Parse-time work stays light (no torch, no jax).
+# Helpers for every stage: the resolved config, the machine's fingerprint, the
+# measurement jobs the registry declares (dpscale.registry), and what a job asks a
+# cluster for. Parse-time work stays light (no torch, no jax).
 # (The Snakefile put src/ on sys.path; scripts find the package themselves.)
 import os
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
 
-from dpscale import config as dsconfig, fingerprint as dsfp, launch, specs
+from dpscale import (
+    config as dsconfig,
+    fingerprint as dsfp,
+    launch,
+    provenance,
+    registry,
+    specs,
+)
 
 try:
     FP = dsfp.load(config["hardware_file"]) if config["hardware_file"] else dsfp.probe()
@@ -14,12 +22,11 @@ try:
 except ValueError as e:  # ConfigError, bad hardware_file
     raise WorkflowError(f"Invalid configuration: {e}")
 
-dsfp.save_if_changed(FP, "results/fingerprint.json")
+if workflow.is_main_process:  # a job-mode parse on a compute node must not rewrite it
+    dsfp.save_if_changed(FP, "results/fingerprint.json")
 PROTO = RESOLVED["protocol"]
 SIZE = PROTO["image_size"]
 DATA = "results/data"
-CACHE = f"{DATA}/fmnist_{SIZE}px.npz"
-CACHE_META = f"{DATA}/fmnist_{SIZE}px.json"
 FLOPS = "results/model/flops_{size}px.json"
 RAW = [
     f"{DATA}/FashionMNIST/raw/{n}"
@@ -30,35 +37,61 @@ RAW = [
         "t10k-labels-idx1-ubyte",
     )
 ]
+# The files behind each input name of the registry.
+INPUT_FILES = {
+    "raw": RAW,
+    "cache": f"{DATA}/fmnist_{SIZE}px.npz",
+    "meta": f"{DATA}/fmnist_{SIZE}px.json",
+    "flops": FLOPS.format(size=SIZE),
+}
 TARGETS = specs.targets(RESOLVED)
 # Entry points, passed to each job as params.scripts (lint: no globals in shell).
-# Relative to the working folder: a params value, so an absolute path would rerun
-# every job of a clone that was moved or copied to another machine.
+# Resolved from the workflow's own folder, so `snakemake -d elsewhere` finds them, and
+# written relative to the working folder: a params value, so an absolute path would
+# rerun every job of a clone that was moved or copied to another machine.
 SCRIPTS = os.path.relpath(Path(workflow.basedir) / "scripts")
 
 
-def job_inputs(experiment, variant, k):
-    inputs = {"cache": CACHE, "cache_meta": CACHE_META, "data_root": DATA}
-    if experiment == "ddp_comm_probe":
-        inputs["allreduce"] = {"2": "results/runs/allreduce/default/k2.json"}
-    if experiment == "jax_weak":
-        inputs["flops"] = FLOPS.format(size=SIZE)
+def rule_inputs(exp):
+    """The rule's input files: what the registry says the experiment reads."""
+    files = {name: INPUT_FILES[name] for name in exp.inputs}
+    for need in exp.needs:
+        files[need.experiment] = specs.target(need.experiment, need.variant, need.k)
+    return files
+
+
+def job_inputs(exp):
+    """The same files as the worker sees them in its spec."""
+    inputs = {
+        "cache": INPUT_FILES["cache"],
+        "cache_meta": INPUT_FILES["meta"],
+        "data_root": DATA,
+    }
+    if "flops" in exp.inputs:
+        inputs["flops"] = INPUT_FILES["flops"]
+    for need in exp.needs:
+        inputs[need.experiment] = {
+            str(need.k): specs.target(need.experiment, need.variant, need.k)
+        }
     return inputs
 
 
-def spec_of(experiment):
+def spec_of(exp):
     """The job's spec as canonical JSON, a params value: reruns exactly when it changes."""
 
     def spec(wildcards):
-        variant = wildcards.get("variant", "default")
-        k = int(wildcards.k)
-        return specs.dumps(
-            specs.job_spec(
-                RESOLVED, FP, experiment, variant, k, job_inputs(experiment, variant, k)
-            )
+        job = specs.job_spec(
+            RESOLVED, FP, exp.name, wildcards.variant, int(wildcards.k), job_inputs(exp)
         )
+        return specs.dumps(job)
 
     return spec
+
+
+def code_of(exp):
+    """A digest of the code the measurement runs (dpscale.provenance): a params value,
+    so a change to what that code does marks the old numbers stale and reruns them."""
+    return provenance.source_digest(exp.sources)
 
 
 # ---- What a measurement job asks a cluster for (profiles/slurm, docs/cluster.md).
@@ -122,16 +155,3 @@ MEASURE = dict(
 )
 if not HAS_GPUS:
     MEASURE["cpus_per_task"] = cpus_of  # with GPUs, the profile's cpus_per_gpu applies
-
-
-# torchrun under the watchdog: one process per device, rank logs under logs/.
-# When k spans nodes (the spec carries `launch`), the watchdog turns this into
-# srun + one torchrun agent per node, c10d rendezvous (dpscale.launch).
-TORCHRUN = (
-    "python {params.scripts}/watchdog.py --spec {params.spec:q} --result {output.json}"
-    " --rank-logs {log}.ranks --"
-    " torchrun --standalone --nproc-per-node={wildcards.k}"
-    " --log-dir {log}.ranks --redirects 3 --tee 3"
-    " {params.scripts}/torch_worker.py --spec {params.spec:q} --result {output.json}"
-    " > {log} 2>&1"
-)

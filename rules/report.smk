@@ -1,65 +1,71 @@
-# Every result JSON -> figures (PNG + SVG), tables (CSV), report.html (self-contained)
-# and report.md. Figures and tables are declared one by one, wrapped in report(), so
-# `snakemake --report report.html` (Snakemake's own report) shows them with captions
-# from report/<name>.rst. Reference machines (reference/<name>/fingerprint.json and
-# reference/<name>/runs/...) and the book's numbers (reference/book_4090.yaml) are
-# inputs too: committing a new machine's results rebuilds the report, nothing else.
-import os
-from pathlib import Path
-
-from dpscale.report import FIGURES, TABLES
+# Every planned result -> the report (src/dpscale/report): report.html (self-contained,
+# opens from disk), report.md, figures (PNG + SVG), tables (CSV) and plan.json. The
+# chapters declare their figures and tables (dpscale.report.chapters: light, nothing is
+# drawn at parse time); each output is wrapped in report() so that `snakemake --report`
+# shows it too, captioned by the same prose the HTML report uses. Reference machines
+# (reference/<name>/ in the workflow's folder and in the working folder) and the book's
+# numbers are inputs: keeping a machine (`dpscale keep NAME`) rebuilds the report.
+from dpscale.report.chapters import CHAPTERS, csv_tables
 
 REPORT = "results/report"
-REFERENCES = "reference"
-BOOK = f"{REFERENCES}/book_4090.yaml"
+PROSE = "../src/dpscale/report/prose"  # report() captions: relative to this file
+BOOK = f"{workflow.basedir}/reference/book_4090.yaml"
+REFERENCE_DIRS = list(
+    dict.fromkeys(
+        str(Path(d).resolve())
+        for d in (f"{workflow.basedir}/reference", "reference")
+        if Path(d).is_dir()
+    )
+)
 REFERENCE_FILES = sorted(
     str(p)
-    for pattern in ("*/fingerprint.json", "*/runs/*/*/k*.json")
-    for p in Path(REFERENCES).glob(pattern)
+    for d in REFERENCE_DIRS
+    for pattern in ("*/fingerprint.json", "*/plan.json", "*/runs/*/*/k*.json")
+    for p in Path(d).glob(pattern)
 )
-# Categories in the order the report tells the story: "1. Overview", "2. DDP scaling", ...
-_CATEGORY_ORDER = list(dict.fromkeys(cat for cat, _ in FIGURES.values()))
-FIGURE_CATEGORY = {
-    name: f"{_CATEGORY_ORDER.index(cat) + 1}. {cat}"
-    for name, (cat, _) in FIGURES.items()
-}
 
 
-report: "../report/workflow.rst"
+report: f"{PROSE}/snakemake_workflow.rst"
 
 
 rule report:
     input:
         runs=TARGETS,
         fingerprint="results/fingerprint.json",
-        cache_meta=CACHE_META,
+        cache_meta=INPUT_FILES["meta"],
         book=BOOK,
         references=REFERENCE_FILES,
     output:
         html=report(
             f"{REPORT}/report.html",
-            caption="../report/report.rst",
+            caption=f"{PROSE}/snakemake_report.rst",
             category="0. Report",
         ),
         md=f"{REPORT}/report.md",
+        plan=f"{REPORT}/plan.json",
         figures=[
             report(
-                f"{REPORT}/figures/{name}.png",
-                caption=f"../report/{name}.rst",
-                category=FIGURE_CATEGORY[name],
-                labels={"figure": name},
+                f"{REPORT}/figures/{spec.name}.png",
+                caption=f"{PROSE}/figures/{spec.name}.rst",
+                category=f"{i}. {chapter.title}",
+                labels={"figure": spec.name},
             )
-            for name in FIGURES
+            for i, chapter in enumerate(CHAPTERS, 1)
+            for spec in chapter.figures
         ],
-        svg=[f"{REPORT}/figures/{name}.svg" for name in FIGURES],
+        svg=[
+            f"{REPORT}/figures/{spec.name}.svg"
+            for chapter in CHAPTERS
+            for spec in chapter.figures
+        ],
         tables=[
             report(
-                f"{REPORT}/tables/{name}.csv",
-                caption="../report/tables.rst",
-                category=f"{len(_CATEGORY_ORDER) + 1}. Tables",
-                labels={"table": name},
+                f"{REPORT}/tables/{key}.csv",
+                caption=f"{PROSE}/snakemake_tables.rst",
+                category=f"{len(CHAPTERS) + 1}. Tables",
+                labels={"table": key},
             )
-            for name in TABLES
+            for key in csv_tables()
         ],
     log:
         "logs/report.log",
@@ -67,10 +73,11 @@ rule report:
         "../envs/report.yaml"
     params:
         scripts=SCRIPTS,
-        # folders derived from the files rather than typed twice (snakemake --lint)
-        references=lambda w, input: os.path.dirname(input.book),
+        references=REFERENCE_DIRS,
+        # the resolved configuration: the report states its hash, plan.json keeps it
+        resolved=specs.dumps(RESOLVED),
         out_dir=lambda w, output: os.path.dirname(output.html),
     shell:
         "python {params.scripts}/report.py --runs results/runs --fingerprint {input.fingerprint}"
-        " --references {params.references} --book {input.book} --out-dir {params.out_dir}"
-        " > {log} 2>&1"
+        " --targets {input.runs} --references {params.references:q} --book {input.book}"
+        " --resolved {params.resolved:q} --out-dir {params.out_dir} > {log} 2>&1"

@@ -4,15 +4,11 @@
     python scripts/jax_worker.py --spec JSON --result OUT.json
 
 The spec (built by rules/common.smk, see dpscale.specs.job_spec) names the
-experiment and its protocol numbers:
-
-  jax_weak      variant host|device|tuned: weak-scaling samples/s at k devices
-  jax_hlo       all-reduce ops of the compiled k-device step, sharding pictures
-  jax_equality  one step at k=1 vs k (and a summed-gradient step that must fail)
+experiment (see the list below, from dpscale.registry) and its protocol numbers.
 
 Before JAX is imported this sets, for backend xla-cpu, JAX_PLATFORMS=cpu and
-XLA_FLAGS=--xla_force_host_platform_device_count=N (N = k, at least 2 for
-jax_equality) so a CPU-only box has k host devices; for xla-gpu,
+XLA_FLAGS=--xla_force_host_platform_device_count=N (N = k, or the experiment's
+min_devices if larger) so a CPU-only box has k host devices; for xla-gpu,
 XLA_PYTHON_CLIENT_PREALLOCATE=false (JAX would otherwise take 75% of each GPU's
 memory up front, and peak-memory numbers would be meaningless).
 OUT.json is written atomically; an error exits non-zero and leaves no result.
@@ -25,12 +21,14 @@ import argparse
 import json
 import os
 
+from dpscale import registry
+
 
 def set_platform_env(spec: dict) -> None:
     """Must run before `import jax`: XLA reads these once, at backend start-up."""
     k = int(spec["k"])
     if spec["backend"] == "xla-cpu":
-        n = max(k, 2) if spec["experiment"] == "jax_equality" else k
+        n = max(k, registry.get(spec["experiment"]).min_devices)
         if spec.get("launch"):   # one process per node, each with its node's devices
             n = int(spec["launch"]["gpus_per_node"])
         flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
@@ -44,7 +42,10 @@ def set_platform_env(spec: dict) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    listing = "\n".join(f"  {e.name:<14}{e.title} (variants {'|'.join(e.variant_names())})"
+                        for e in registry.EXPERIMENTS.values() if e.family == "jax")
+    ap = argparse.ArgumentParser(description=__doc__, epilog="experiments:\n" + listing,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spec", required=True, help="job spec as JSON (keys experiment, variant, k, "
                                                   "backend, config.protocol, inputs.cache, ...)")
     ap.add_argument("--result", required=True, help="result JSON to write")

@@ -1,33 +1,50 @@
 #!/usr/bin/env python3
-"""Build the report from every result JSON: figures (PNG + SVG), tables (CSV), a
-self-contained report.html (figures inlined; opens from disk) and report.md.
+"""Build the report: report.html (self-contained: figures inlined, opens from disk),
+report.md, figures/ (PNG + SVG), tables/ (CSV) and plan.json, from this run's results
+beside every reference machine and the book's published numbers.
 
-Machines shown side by side: this run (--runs + --fingerprint), every reference
-machine under --references (a folder reference/<machine>/ holding fingerprint.json
-and runs/{experiment}/{variant}/k{k}.json, laid out like results/), and the book's
-published RTX 4090 numbers (--book, default <references>/book_4090.yaml).
+This run: --runs and --fingerprint, its plan given by --targets (the rule passes
+every planned result; one that is missing shows as "not run"), or, without
+--targets, every result found under --runs. Reference machines: each folder
+reference/<machine>/ under a --references folder (fingerprint.json, plan.json,
+runs/{experiment}/{variant}/k{k}.json, as `dpscale keep` writes them).
 
-Example:
-  python scripts/report.py --runs results/runs --fingerprint results/fingerprint.json \\
-      --references reference --out-dir results/report
+Example, a reference machine's report rebuilt beside the others:
+  python scripts/report.py --runs reference/h200x2/runs --fingerprint reference/h200x2/fingerprint.json \\
+      --targets-from reference/h200x2/plan.json --name h200x2 --references reference \\
+      --out-dir reference/h200x2/report
 """
 import argparse
+import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from dpscale.report import build  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--runs", required=True, help="this run's results folder: {experiment}/{variant}/k{k}.json")
 ap.add_argument("--fingerprint", required=True, help="this machine's fingerprint (results/fingerprint.json)")
-ap.add_argument("--references", default="reference",
-                help="folder of reference machines, reference/<machine>/{fingerprint.json,runs/} "
-                     "(default: %(default)s; a missing folder means none)")
-ap.add_argument("--book", default=None,
-                help="the book's numbers (default: <references>/book_4090.yaml; a missing file means none)")
+ap.add_argument("--targets", nargs="*", default=None, help="the planned result files (the rule's inputs)")
+ap.add_argument("--targets-from", default=None, help="a plan.json whose targets are the plan")
+ap.add_argument("--name", default="this run", help="what to call this run's machine (default: %(default)s)")
+ap.add_argument("--references", nargs="*", default=[str(ROOT / "reference")],
+                help="folders of reference machines, reference/<machine>/ (default: the workflow's reference/)")
+ap.add_argument("--book", default=str(ROOT / "reference" / "book_4090.yaml"),
+                help="the book's numbers (default: %(default)s; a missing file means none)")
+ap.add_argument("--resolved", default=None, help="the resolved configuration as JSON (its hash is shown)")
 ap.add_argument("--out-dir", required=True, help="where report.html, report.md, figures/ and tables/ go")
 a = ap.parse_args()
-summary = build(a.runs, a.fingerprint, a.references, a.out_dir, book_path=a.book)
+
+targets = a.targets
+if a.targets_from:
+    targets = [str(Path(a.runs) / t) for t in json.loads(Path(a.targets_from).read_text())["targets"]]
+info = {"command": os.environ.get("DPSCALE_SNAKEMAKE_COMMAND")}
+if a.resolved:
+    info.update(resolved=json.loads(a.resolved), config_hash=hashlib.sha256(a.resolved.encode()).hexdigest()[:16])
+summary = build(a.runs, a.fingerprint, a.out_dir, targets=targets, references=a.references, book_path=a.book,
+                name=a.name, build_info=info)
 print(json.dumps(summary, indent=1))

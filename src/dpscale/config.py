@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from . import launch
+from . import launch, registry
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 
@@ -67,8 +67,19 @@ def resolve(config: dict, fp: dict) -> dict:
         if not Path(data["local_dir"]).is_dir():
             raise ConfigError(f"data.local_dir: {data['local_dir']!r} is not a folder")
     return {"scale": scale, "requested_scale": config["scale"], "protocol": proto, "ks": ks,
-            "tuned": bool(tuned), "watchdog": wd, "experiments": list(config["experiments"]),
+            "tuned": bool(tuned), "watchdog": wd, "experiments": experiments(config["experiments"]),
             "cluster": cluster}
+
+
+def experiments(value) -> list[str]:
+    """`all`, or a list of registry names, in the registry's order."""
+    if value == "all":
+        return registry.names()
+    unknown = [name for name in value if name not in registry.EXPERIMENTS]
+    if unknown:
+        raise ConfigError(f"experiments: {', '.join(map(repr, unknown))} is not an experiment; write "
+                          f"experiments=all or a list of: {', '.join(registry.names())}")
+    return [name for name in registry.names() if name in value]
 
 
 def _coerce(value, sch: dict, defs: dict):

@@ -29,7 +29,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from . import costmodel, data as dsdata
+from . import costmodel, data as dsdata, registry
 from .models import count_flax, flax_resnet18
 from .results import utc_now, write_result
 from .timing import summary
@@ -564,9 +564,6 @@ def exp_equality(ctx: Ctx) -> dict:
 
 # ---------------------------------------------------------------- entry
 
-EXPERIMENTS = {"jax_weak": exp_weak, "jax_hlo": exp_hlo, "jax_equality": exp_equality}
-
-
 def runtime_versions(devices) -> dict:
     return {"jax": jax.__version__, "jaxlib": importlib.metadata.version("jaxlib"),
             "flax": importlib.metadata.version("flax"), "optax": optax.__version__,
@@ -596,7 +593,7 @@ def run(spec: dict, result_path: str) -> None:
     devices = check_devices(spec)
     ctx.log(f"backend={spec['backend']} jax {jax.__version__}, {len(devices)} device(s): "
             f"{', '.join(map(str, devices[:8]))}{' ...' if len(devices) > 8 else ''}")
-    metrics = EXPERIMENTS[spec["experiment"]](ctx)
+    metrics = registry.entry_point(spec["experiment"])(ctx)
     if jax.process_index() != 0:   # multi-node: process 0 writes the one result
         return
     result = write_result(spec, result_path, metrics, started, runtime_versions(devices[:ctx.k]))

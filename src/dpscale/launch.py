@@ -23,14 +23,29 @@ do not collide.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import socket
+from pathlib import Path
 
-from . import fingerprint as fpmod
+from . import fingerprint as fpmod, registry
 
 TORCHRUN_SINGLE = re.compile(r"--nproc[-_]per[-_]node(=.*)?$")
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def worker_command(spec: dict, result: str, rank_logs: str, python: str = "python") -> list[str]:
+    """The one-node command of a measurement, by its family (dpscale.registry):
+    torchrun with one process per device (its rank logs under `rank_logs`), or one
+    JAX process that sees k devices. The spec and the result path go to the worker."""
+    family = registry.get(spec["experiment"]).family
+    tail = ["--spec", json.dumps(spec, sort_keys=True, separators=(",", ":")), "--result", str(result)]
+    if family == "torch":
+        return ["torchrun", "--standalone", f"--nproc-per-node={spec['k']}", "--log-dir", str(rank_logs),
+                "--redirects", "3", "--tee", "3", str(SCRIPTS / "torch_worker.py"), *tail]
+    return [python, str(SCRIPTS / "jax_worker.py"), *tail]
 
 
 def effective(cluster: dict | None, fp: dict) -> dict:

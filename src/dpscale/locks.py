@@ -29,8 +29,14 @@ def live_snakemake_in(workdir: str | os.PathLike, exclude: set[int] | None = Non
     return pids
 
 
-def release_stale(workdir: str | os.PathLike = ".") -> list[str]:
-    """Remove .snakemake/locks/* when no live Snakemake runs here; return what was removed."""
+def release_stale(workdir: str | os.PathLike = ".", main_process: bool = True) -> list[str]:
+    """Remove .snakemake/locks/* when no live Snakemake runs here; return what was removed.
+
+    Only Snakemake's main process may: a job-mode parse (the SLURM executor's
+    Snakemake on a compute node, workflow.is_main_process False) cannot see the
+    login node's live run, whose lock sits on the same shared file system."""
+    if not main_process:
+        return []
     locks = Path(workdir) / ".snakemake" / "locks"
     files = sorted(locks.glob("*.lock")) if locks.is_dir() else []
     if not files or not Path("/proc/self/cwd").exists():

@@ -2,7 +2,9 @@
 
 Every artifact holds `experiment`, `variant`, `k`, `status` (ok | hung | failed |
 skipped, with `reason` when not ok), `metrics` (names carry units), `config`,
-`fingerprint`, `backend`, `data` (provenance) and UTC timestamps.
+`fingerprint`, `backend`, `data` (provenance), UTC timestamps and, from a measurement,
+`code` (the dpscale version, git commit and dirty flag, and the digest of the
+experiment's modules: dpscale.provenance).
 """
 from __future__ import annotations
 
@@ -13,12 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("ok", "hung", "failed", "skipped")
+from . import provenance, registry
 
-EXPERIMENTS = (
-    "ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "ddp_memcpy_training",
-    "ddp_bucket_sweep", "fsdp", "jax_weak", "jax_hlo", "jax_equality",
-)
+STATUSES = ("ok", "hung", "failed", "skipped")
 
 REQUIRED = ("experiment", "variant", "k", "status", "metrics", "config",
             "fingerprint", "backend", "started_utc", "finished_utc")
@@ -68,8 +67,8 @@ def make_result(*, experiment: str, variant: str, k: int, status: str,
                 fingerprint: dict | None = None, backend: str, reason: str | None = None,
                 started_utc: str | None = None, data: dict | None = None,
                 **extra: Any) -> dict:
-    if experiment not in EXPERIMENTS:
-        raise ValueError(f"experiment {experiment!r} is not one of {EXPERIMENTS}")
+    if experiment not in registry.EXPERIMENTS:
+        raise ValueError(f"experiment {experiment!r} is not one of {registry.names()}")
     if status not in STATUSES:
         raise ValueError(f"status {status!r} is not one of {STATUSES}")
     if status != "ok" and not reason:
@@ -89,8 +88,8 @@ def validate_result(obj: dict, where: str = "result") -> dict:
     missing = [key for key in REQUIRED if key not in obj]
     if missing:
         raise ValueError(f"{where}: missing key(s) {missing}")
-    if obj["experiment"] not in EXPERIMENTS:
-        raise ValueError(f"{where}: experiment {obj['experiment']!r} not in {EXPERIMENTS}")
+    if obj["experiment"] not in registry.EXPERIMENTS:
+        raise ValueError(f"{where}: experiment {obj['experiment']!r} not in {registry.names()}")
     if obj["status"] not in STATUSES:
         raise ValueError(f"{where}: status {obj['status']!r} not in {STATUSES}")
     if obj["status"] != "ok" and not obj.get("reason"):
@@ -109,7 +108,7 @@ def load_result(path: str | os.PathLike) -> dict:
     return validate_result(obj, str(path))
 
 
-def provenance(meta: dict) -> dict:
+def data_provenance(meta: dict) -> dict:
     """What every result records about its data, from the resize cache's sidecar JSON."""
     return {"source": meta["source"], "origin": meta.get("origin"),
             "image_size": meta["image_size"], "cache_sha256": meta["sha256"]}
@@ -121,11 +120,12 @@ def write_result(spec: dict, path: str | os.PathLike, metrics: dict, started_utc
     (a check beside a timing may fail it), data provenance from the cache's sidecar."""
     status, reason = metrics.pop("_status", ("ok", None))
     meta_path = spec.get("inputs", {}).get("cache_meta")
-    data = (provenance(json.loads(Path(meta_path).read_text()))
+    data = (data_provenance(json.loads(Path(meta_path).read_text()))
             if meta_path and Path(meta_path).exists() else {})
     result = make_result(experiment=spec["experiment"], variant=spec["variant"], k=spec["k"],
                          status=status, reason=reason, metrics=metrics, config=spec["config"],
                          fingerprint=spec["fingerprint"], backend=spec["backend"],
-                         started_utc=started_utc, data=data, runtime=runtime, env=spec.get("env", {}))
+                         started_utc=started_utc, data=data, runtime=runtime, env=spec.get("env", {}),
+                         code=provenance.code_record(registry.get(spec["experiment"]).sources))
     write_json_atomic(path, result)
     return result

@@ -7,15 +7,18 @@ import time
 
 
 def summary(values_ms: list[float]) -> dict:
-    """Median and spread of a list of times in ms."""
+    """Median and spread of a list of times in ms; cv = stdev / mean (step-to-step noise)."""
     if not values_ms:
-        return {"median_ms": None, "p10_ms": None, "p90_ms": None, "min_ms": None, "max_ms": None, "n": 0}
+        return {"median_ms": None, "p10_ms": None, "p90_ms": None, "min_ms": None, "max_ms": None, "n": 0,
+                "cv": None}
     s = sorted(values_ms)
 
     def q(p):  # nearest-rank quantile: honest for small n
         return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))]
+    mean = statistics.fmean(s)
     return {"median_ms": statistics.median(s), "p10_ms": q(0.1), "p90_ms": q(0.9),
-            "min_ms": s[0], "max_ms": s[-1], "n": len(s)}
+            "min_ms": s[0], "max_ms": s[-1], "n": len(s),
+            "cv": statistics.stdev(s) / mean if len(s) > 1 and mean else None}
 
 
 class StepTimer:

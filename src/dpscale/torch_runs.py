@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import costmodel, data as dsdata
+from . import costmodel, data as dsdata, registry
 from .models import residual_stages, torch_flops_per_sample, torch_resnet18
 from .results import load_result, utc_now, write_result
 from .timing import StepTimer, summary, sync
@@ -309,6 +309,14 @@ def exp_ddp(ctx: Ctx, strong: bool):
     return throughput_metrics(ctx, rows, flops, peak)
 
 
+def exp_ddp_weak(ctx: Ctx):
+    return exp_ddp(ctx, strong=False)
+
+
+def exp_ddp_strong(ctx: Ctx):
+    return exp_ddp(ctx, strong=True)
+
+
 def synthetic_batch(ctx: Ctx, batch: int):
     g = torch.Generator(device="cpu").manual_seed(ctx.rank)
     s = ctx.proto["image_size"]
@@ -563,17 +571,6 @@ def exp_fsdp(ctx: Ctx):
             "optimizer": "SGD(lr=0.1, momentum=0.9)"}
 
 
-EXPERIMENTS = {
-    "ddp_weak": lambda ctx: exp_ddp(ctx, strong=False),
-    "ddp_strong": lambda ctx: exp_ddp(ctx, strong=True),
-    "ddp_comm_probe": exp_comm_probe,
-    "allreduce": exp_allreduce,
-    "ddp_memcpy_training": exp_memcpy_training,
-    "ddp_bucket_sweep": exp_bucket_sweep,
-    "fsdp": exp_fsdp,
-}
-
-
 def runtime_versions(ctx: Ctx) -> dict:
     v = {"torch": torch.__version__, "device": torch.cuda.get_device_name(ctx.device) if ctx.cuda else "cpu",
          "nccl": ".".join(map(str, torch.cuda.nccl.version())) if ctx.cuda else None,
@@ -598,7 +595,7 @@ def run(spec: dict, result_path: str) -> None:
         ctx.log(f"{spec['experiment']}/{spec['variant']} k={ctx.world} backend={spec['backend']} "
                 f"device={ctx.device}")
         ctx.maybe_fault("init")
-        metrics = EXPERIMENTS[spec["experiment"]](ctx)
+        metrics = registry.entry_point(spec["experiment"])(ctx)
         if ctx.rank == 0:   # rank 0 gates I/O: one writer, after every rank reported
             write_result(spec, result_path, metrics, started, runtime_versions(ctx))
             ctx.log(f"wrote {result_path}")

@@ -88,15 +88,18 @@ def collect_rank_logs(torchrun_dir: Path, dest_prefix: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        description="Run `-- torchrun ...` under a watchdog; record hung runs, fail crashed ones.")
+        description="Run a measurement (its worker, by the spec's experiment) under a watchdog; "
+                    "record skipped and hung runs, fail crashed ones.")
     ap.add_argument("--spec", required=True, help="the job's spec (JSON) as built by the workflow")
     ap.add_argument("--result", required=True, help="result JSON the job must produce")
     ap.add_argument("--rank-logs", required=True,
                     help="torchrun --log-dir of the job; flattened to <prefix>.rank<r>.log")
-    ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the torchrun command")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER,
+                    help="-- a command to run instead of the spec's worker (tests)")
     args = ap.parse_args(argv)
     spec = json.loads(args.spec)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    cmd = cmd or launch.worker_command(spec, args.result, args.rank_logs, sys.executable)
     result = Path(args.result)
     result.unlink(missing_ok=True)  # never serve an old number
     common = dict(experiment=spec["experiment"], variant=spec["variant"], k=spec["k"],

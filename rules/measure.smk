@@ -1,0 +1,31 @@
+# Every measurement: one rule per experiment of the registry (src/dpscale/registry.py),
+# named after it, one JSON out per variant and k. Each runs under the watchdog, which
+# starts the experiment's worker (dpscale.launch.worker_command: torchrun with one
+# process per device and rank logs beside the job's log, or one JAX process that sees
+# k devices; srun + one torchrun agent per node when k spans nodes) and records a
+# skipped or hung run instead of leaving nothing behind.
+for _exp in registry.EXPERIMENTS.values():
+
+    rule:
+        name:
+            _exp.name
+        input:
+            **rule_inputs(_exp),
+        output:
+            json=f"results/runs/{_exp.name}/{{variant}}/k{{k}}.json",
+        log:
+            f"logs/{_exp.name}/{{variant}}/k{{k}}.log",
+        wildcard_constraints:
+            variant="|".join(_exp.variant_names()),
+            k=r"\d+",
+        conda:
+            f"../envs/{_exp.family}.yaml"
+        resources:
+            **MEASURE,
+        params:
+            scripts=SCRIPTS,
+            spec=spec_of(_exp),
+            code=code_of(_exp),
+        shell:
+            "python {params.scripts}/watchdog.py --spec {params.spec:q} --result {output.json}"
+            " --rank-logs {log}.ranks > {log} 2>&1"

@@ -1,0 +1,79 @@
+"""What code produced a number: the project's version, the git commit (with a
+dirty flag) and a digest of the modules an experiment's measurement runs.
+
+Cheap and import-light: the workflow calls it on every parse, the workers once per job.
+
+The digest is what makes an old number stale. It hashes each module's syntax tree
+with docstrings removed (ast.unparse), so a change to a comment, a docstring or the
+formatting keeps the results, and a change to what the code does reruns them. It is
+a params value of every measurement rule (rules/measure.smk); the commit is not,
+since a commit that touches only the README must not rerun a GPU job.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import os
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+ROOT = PACKAGE.parents[1]
+
+
+def project_version() -> str:
+    try:
+        return metadata.version("dpscale")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+@functools.cache
+def _normalised(path: Path) -> str:
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
+
+
+def source_digest(modules: tuple[str, ...]) -> str:
+    """sha256 (16 hex digits) of the named dpscale modules' code, docstrings and comments aside."""
+    h = hashlib.sha256()
+    for name in sorted(modules):
+        h.update(name.encode() + b"\0" + _normalised(PACKAGE / f"{name}.py").encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        p = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def git_state() -> dict:
+    """{"commit": sha or None, "dirty": bool or None, "source": where it came from}.
+
+    A copy of the tree without .git (a GPU machine that was sent the working tree)
+    can name its commit through DPSCALE_GIT_COMMIT (and DPSCALE_GIT_DIRTY=1)."""
+    if os.environ.get("DPSCALE_GIT_COMMIT"):
+        return {"commit": os.environ["DPSCALE_GIT_COMMIT"],
+                "dirty": os.environ.get("DPSCALE_GIT_DIRTY", "0") not in ("0", "", "false"),
+                "source": "DPSCALE_GIT_COMMIT"}
+    commit = _git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None, "source": f"no git repository at {ROOT}"}
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status), "source": "git"}
+
+
+def code_record(modules: tuple[str, ...]) -> dict:
+    """What every result carries about the code that measured it."""
+    return {"version": project_version(), **git_state(), "sources": sorted(modules),
+            "sources_sha256": source_digest(modules)}

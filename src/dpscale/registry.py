@@ -1,0 +1,208 @@
+"""Every experiment of the pipeline, declared once.
+
+An experiment is a name, the variants it runs in, the device counts k it runs at,
+the worker family that runs it (torchrun with one process per device, or one JAX
+process that sees k devices), the function that measures it, the inputs it reads,
+the protocol numbers it depends on, and the report chapter that shows it. The rest
+derives from this module: the measurement rules (rules/measure.smk makes one rule
+per entry), the job specs and targets (specs.py), the results contract
+(results.py), the workers' dispatch (entry_point), the report's plan and chapters,
+and the test fixtures. The config schema, a static file Snakemake validates
+against, is checked against this module by tests/test_registry.py.
+
+Parse-time light: no torch, no jax (the Snakefile imports it on every call).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+FAMILIES = ("torch", "jax")
+
+# Environment of the NCCL memcpy switch. The shared-memory transport it configures
+# is only used when peer-to-peer is off, so P2P goes off with it.
+MEMCPY_ENV = MappingProxyType({"NCCL_SHM_USE_CUDA_MEMCPY": "1", "NCCL_P2P_DISABLE": "1"})
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    text: str                                  # what a reader sees in legends and tables
+    tuned: bool = False                        # only when the config's `tuned` is on
+    nccl_only: bool = False                    # a setting of NCCL itself: skipped on gloo
+    env: Mapping[str, str] = field(default_factory=dict)
+    extra_protocol: tuple[str, ...] = ()       # protocol keys only this variant reads
+    options: Mapping[str, object] | None = None   # recorded in the spec's config.tuned
+
+
+SEED = Variant("seed", "the book's DataLoader (PIL resize per image, per epoch)",
+               extra_protocol=("loader_workers",))
+CACHED = Variant("cached", "resize cache resident on the device")
+# The tuned DDP series. gradient_as_bucket_view and static_graph stay off (opt in
+# through "ddp"): with channels_last weights their bucket views mismatch the grad
+# strides, and gradient_as_bucket_view measured +0.9% on an H200, inside the
+# run-to-run spread. cuda_graph: the compiled step is host-bound on a 16-core H200
+# box (16-25 ms to issue ~14 ms of GPU work), so the whole step is replayed as one graph.
+TORCH_TUNED = Variant(
+    "tuned", "bf16, channels_last, torch.compile, fused SGD, one CUDA graph per step", tuned=True,
+    options=MappingProxyType({"precision": "bf16", "channels_last": True, "compile": True,
+                              "cuda_graph": True, "data": "device-resident cache",
+                              "optimizer": "fused SGD", "ddp": ()}))
+HOST = Variant("host", "host-staged float32 batches, device_put per step (the book's loop)")
+DEVICE = Variant("device", "the uint8 set resident on the devices, sliced per step")
+JAX_TUNED = Variant(
+    "tuned", "bf16 compute, data on the devices, jax.jit over the flat state", tuned=True,
+    options=MappingProxyType({"precision": "bf16 compute, float32 parameters and loss",
+                              "data": "device-resident cache",
+                              "dispatch": "jax.jit over the flat nnx.split state, donated buffers"}))
+DEFAULT = Variant("default", "NCCL's defaults (gloo without GPUs)")
+MEMCPY = Variant("memcpy", "NCCL_SHM_USE_CUDA_MEMCPY=1 (and NCCL_P2P_DISABLE=1)", nccl_only=True,
+                 env=MEMCPY_ENV)
+MEMCPY_TRAINING = Variant("default", "DDP training with NCCL_SHM_USE_CUDA_MEMCPY=1", nccl_only=True,
+                          env=MEMCPY_ENV)
+
+
+def every_k(ks: list[int]) -> list[int]:
+    return sorted(set(ks))
+
+
+def multi_k(ks: list[int]) -> list[int]:
+    """k >= 2: a collective needs two devices."""
+    return [k for k in every_k(ks) if k >= 2]
+
+
+def book_pair(ks: list[int]) -> list[int]:
+    """The book's exercises run at k=2; without a 2 in ks, at the smallest k >= 2."""
+    multi = multi_k(ks)
+    return [2] if 2 in multi else multi[:1]
+
+
+def always_two(ks: list[int]) -> list[int]:
+    """k=1 against k=2 inside one job: planned at k=2 whatever ks holds."""
+    return [2]
+
+
+KS_TEXT = {every_k: "every k", multi_k: "k >= 2", book_pair: "k = 2", always_two: "k = 2 (vs k = 1, one job)"}
+
+# Inputs a measurement can read, by name; rules/common.smk maps each to its file.
+INPUTS = ("raw", "cache", "meta", "flops")
+
+
+@dataclass(frozen=True)
+class Needs:
+    """Another experiment's result this one reads (the comm probe prices DDP's
+    buckets with the bandwidth that the k=2 all-reduce sweep measured)."""
+    experiment: str
+    variant: str
+    k: int
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    title: str                        # one line: what it measures
+    family: str                       # "torch" | "jax"
+    entry: str                        # "module:function" that measures it, given the worker's Ctx
+    variants: tuple[Variant, ...]
+    ks: Callable[[list[int]], list[int]]
+    protocol: tuple[str, ...]         # protocol numbers its result depends on
+    chapter: str                      # the report chapter that shows it
+    inputs: tuple[str, ...] = ("meta",)
+    needs: tuple[Needs, ...] = ()
+    limit_key: str | None = None      # protocol key replacing the watchdog's hang limit
+    min_devices: int = 1              # JAX host devices a CPU stand-in must expose
+    sources: tuple[str, ...] = field(default=())   # modules its code lives in (staleness)
+
+    def variant_names(self, tuned: bool = True) -> list[str]:
+        return [v.name for v in self.variants if tuned or not v.tuned]
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(f"{self.name} has no variant {name!r}; it has {self.variant_names()}")
+
+    def protocol_for(self, variant: str) -> tuple[str, ...]:
+        return self.protocol + self.variant(variant).extra_protocol
+
+
+COMMON = ("timing", "results", "models", "costmodel", "data")
+TORCH_SOURCES = ("torch_runs",) + COMMON
+JAX_SOURCES = ("jax_runs",) + COMMON
+THROUGHPUT = ("image_size", "train_images", "epochs", "repeats")
+
+
+def _torch(name, title, entry, variants, ks, protocol, chapter, **kw) -> Experiment:
+    return Experiment(name, title, "torch", f"dpscale.torch_runs:{entry}", variants, ks, protocol,
+                      chapter, sources=TORCH_SOURCES, **kw)
+
+
+def _jax(name, title, entry, variants, ks, protocol, chapter, **kw) -> Experiment:
+    return Experiment(name, title, "jax", f"dpscale.jax_runs:{entry}", variants, ks, protocol,
+                      chapter, sources=JAX_SOURCES, **kw)
+
+
+_ALL = (
+    _torch("ddp_weak", "DDP samples/s with the per-rank batch fixed (weak scaling)", "exp_ddp_weak",
+           (SEED, CACHED, TORCH_TUNED), every_k, THROUGHPUT + ("per_rank_batch",), "scaling",
+           inputs=("raw", "cache", "meta")),
+    _torch("ddp_strong", "DDP samples/s with the global batch fixed (strong scaling)", "exp_ddp_strong",
+           (SEED, CACHED, TORCH_TUNED), every_k, THROUGHPUT + ("global_batch",), "scaling",
+           inputs=("raw", "cache", "meta")),
+    _torch("ddp_comm_probe", "synced against no_sync() step time, against the cost model",
+           "exp_comm_probe", (DEFAULT,), multi_k,
+           ("image_size", "per_rank_batch", "probe_warmup", "probe_steps"), "communication",
+           needs=(Needs("allreduce", "default", 2),)),
+    _torch("allreduce", "bare all-reduce over a payload sweep, nccl-tests' protocol", "exp_allreduce",
+           (DEFAULT, MEMCPY), multi_k, ("allreduce_MiB", "allreduce_warmup", "allreduce_iters"),
+           "communication"),
+    _torch("ddp_memcpy_training", "exercise 3: DDP training with the NCCL memcpy switch",
+           "exp_memcpy_training", (MEMCPY_TRAINING,), book_pair,
+           THROUGHPUT + ("per_rank_batch",), "communication",
+           inputs=("cache", "meta"), limit_key="memcpy_timeout_s"),
+    _torch("ddp_bucket_sweep", "exercise 1: DDP throughput against bucket_cap_mb", "exp_bucket_sweep",
+           (DEFAULT,), book_pair, ("image_size", "per_rank_batch", "bucket_cap_MiB", "sweep_steps"),
+           "communication"),
+    _torch("fsdp", "FSDP2 beside DDP: training state per rank, peak memory, throughput", "exp_fsdp",
+           (DEFAULT,), every_k, ("image_size", "per_rank_batch", "sweep_steps"), "memory"),
+    _jax("jax_weak", "JAX data parallelism (Mesh, NamedSharding, jit): weak scaling", "exp_weak",
+         (HOST, DEVICE, JAX_TUNED), every_k, THROUGHPUT + ("per_rank_batch",), "jax",
+         inputs=("cache", "meta", "flops")),
+    _jax("jax_hlo", "the all-reduces XLA inserted into the compiled step", "exp_hlo", (DEFAULT,),
+         multi_k, ("image_size", "train_images", "per_rank_batch"), "jax", inputs=("cache", "meta")),
+    _jax("jax_equality", "one step at k=1 against one step at k=2, and a broken step it must flag",
+         "exp_equality", (DEFAULT,), always_two, ("image_size", "train_images", "per_rank_batch"), "jax",
+         inputs=("cache", "meta"), min_devices=2),
+)
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
+
+
+def get(name: str) -> Experiment:
+    try:
+        return EXPERIMENTS[name]
+    except KeyError:
+        raise KeyError(f"no experiment {name!r}; the registry has {', '.join(EXPERIMENTS)}") from None
+
+
+def names(family: str | None = None) -> list[str]:
+    return [e.name for e in EXPERIMENTS.values() if family in (None, e.family)]
+
+
+def variant_text(experiment: str, variant: str) -> str:
+    return get(experiment).variant(variant).text
+
+
+def entry_point(name: str) -> Callable:
+    """The function that measures `name`: what a worker dispatches to."""
+    module, _, func = get(name).entry.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def protocol_keys() -> set[str]:
+    """Every protocol number some experiment reads (the schema's $defs/protocol)."""
+    keys = {k for e in EXPERIMENTS.values() for k in e.protocol}
+    keys |= {k for e in EXPERIMENTS.values() for v in e.variants for k in v.extra_protocol}
+    keys |= {e.limit_key for e in EXPERIMENTS.values() if e.limit_key}
+    return keys

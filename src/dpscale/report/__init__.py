@@ -1,0 +1,81 @@
+"""The report: this run beside every reference machine and the book, in chapters.
+
+    build(runs_dir, fingerprint_path, out_dir, targets=..., references=[...], book_path=...)
+
+writes, under out_dir:
+    report.html          self-contained (figures inlined): opens from disk
+    report.md            the same text, figures referenced as figures/<name>.png
+    figures/<name>.png   and .svg, one pair per figure a chapter declares (always all of them)
+    tables/<key>.csv     one per table a chapter declares for CSV
+    plan.json            what was planned, and how: `dpscale keep` copies it with the results
+
+A chapter (chapters/<key>.py) owns its figures, tables and prose (prose/<key>.rst,
+prose/figures/<figure>.rst); its figures are drawn by figures/<key>.py. The
+declarations are light: the workflow reads them when it is parsed (no matplotlib).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import provenance
+from ..results import write_json_atomic
+from . import book as bookmod, render
+from .chapters import CHAPTERS, csv_tables, figure_specs
+from .chapters.common import prose
+from .chapters.provenance import header
+from .document import utc_now
+from .machines import ReportData, load_found, load_planned, reference_folders, with_references
+
+
+def load(runs_dir, fingerprint_path, targets=None, references=(), book_path=None, name="this run",
+         build_info=None) -> ReportData:
+    """This run (its planned targets, or every result found), the references, the book."""
+    if targets is not None:
+        current = load_planned(runs_dir, fingerprint_path, targets, label=name)
+    else:
+        current = load_found(runs_dir, fingerprint_path, label=name)
+    same = Path(runs_dir).resolve()
+    folders = [f for f in reference_folders(references) if (f / "runs").resolve() != same]
+    refs, notes = with_references(current, folders)
+    book = bookmod.load(book_path)
+    machines = [current] + refs + ([book] if book else [])
+    return ReportData(machines, build=dict(build_info or {}), notes=notes)
+
+
+def build(runs_dir, fingerprint_path, out_dir, *, targets=None, references=(), book_path=None,
+          name="this run", build_info=None) -> dict:
+    data = load(runs_dir, fingerprint_path, targets, references, book_path, name, build_info)
+    data.build.setdefault("built_utc", utc_now())
+    data.build.setdefault("code", provenance.code_record(()))
+    out = Path(out_dir)
+    pages = [chapter.page(data) for chapter in CHAPTERS]
+    from .figures import draw_all   # matplotlib: only here, never when the workflow is parsed
+    images = draw_all(data, out / "figures")
+    for f in (f for p in pages for f in p.figures):
+        f.image = images[f.name]
+    captions = {spec.name: prose(f"figures/{spec.name}") for _chapter, spec in figure_specs()}
+    render.write_all(out, pages, header(data), captions, csv_tables())
+    write_json_atomic(out / "plan.json", plan_record(data))
+    counts = {m.label: m.counts() for m in data.measured}
+    return {"machines": [m.name for m in data.machines], "figures": list(images), "counts": counts,
+            "headlines": {f.name: f.headline for p in pages for f in p.figures},
+            "html": str(out / "report.html"), "md": str(out / "report.md")}
+
+
+def plan_record(data: ReportData) -> dict:
+    """What `dpscale keep` stores beside a machine's results: its plan and its provenance."""
+    m = data.current
+    targets = [f"{e}/{v}/k{k}.json" for e, v, k in (m.plan or sorted(m.results))]
+    return {"targets": targets, "planned": len(targets), "counts": m.counts(),
+            **{k: v for k, v in data.build.items() if k in ("command", "config_hash", "resolved", "code",
+                                                             "built_utc")}}
+
+
+def expected_outputs(out_dir: str = "results/report") -> dict[str, list[str]]:
+    """Every file build() writes, for the rule's output."""
+    return {"png": [f"{out_dir}/figures/{s.name}.png" for _c, s in figure_specs()],
+            "svg": [f"{out_dir}/figures/{s.name}.svg" for _c, s in figure_specs()],
+            "csv": [f"{out_dir}/tables/{k}.csv" for k in csv_tables()]}
+
+
+__all__ = ["CHAPTERS", "build", "load", "expected_outputs"]

@@ -1,0 +1,29 @@
+"""Exercise 6: the weak-scaling efficiency at k=8, predicted from the smaller k."""
+from __future__ import annotations
+
+from ..document import Chapter, FigureSpec, Page
+from ..machines import ReportData
+from ..numbers import k8_rows, pct
+from .common import figure, prose, records_table
+
+FIGURES = (FigureSpec("k8_prediction", "Exercise 6: weak-scaling efficiency at k=8 from the cost model"),)
+COLUMNS = ["machine", "variant", "from_k", "efficiency_at_from_k", "k", "predicted_flat", "predicted_ring", "measured"]
+
+
+def headline(data: ReportData) -> str:
+    parts = []
+    for r in k8_rows(data.machines):
+        if r["variant"] in ("seed", "host") or r["machine"].startswith("book"):
+            parts.append(f"{r['machine'].split(':')[0]} [{r['variant']}] {pct(r['predicted_flat'])} flat / "
+                         f"{pct(r['predicted_ring'])} ring (from k={r['from_k']})"
+                         + (f", measured {pct(r['measured'])}" if r["measured"] is not None else ""))
+    return "Exercise 6, weak-scaling efficiency at k=8: " + ("; ".join(parts) or "no data")
+
+
+def page(data: ReportData) -> Page:
+    return Page("exercise6", CHAPTER.title, prose("exercise6"), figures=[figure(FIGURES[0], headline(data))],
+                tables=[records_table("k8_prediction", "Predicted weak-scaling efficiency at k=8",
+                                      k8_rows(data.machines), COLUMNS)])
+
+
+CHAPTER = Chapter("exercise6", "Exercise 6: predicting k=8", FIGURES, ("k8_prediction",), page)

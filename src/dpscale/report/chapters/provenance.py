@@ -1,0 +1,93 @@
+"""Provenance, first: which machines, at what scale, on real or synthetic data, with
+what code, from which command and configuration; then the full fingerprints."""
+from __future__ import annotations
+
+import json
+
+from ..document import Cell, Chapter, Page, Table
+from ..machines import Machine, ReportData
+from .common import prose
+
+FP_KEYS = ("gpu_model", "gpu_count", "gpu_memory_MiB", "interconnect", "driver", "cuda", "torch_cuda",
+           "nccl", "torch", "torchvision", "jax", "jaxlib", "flax", "optax", "numpy", "python",
+           "cpu_model", "cpu_count", "hostname")
+
+
+def counts_text(m: Machine) -> str:
+    c = m.counts()
+    planned = sum(c.values())
+    return f"{planned} planned: " + ", ".join(f"{n} {s}" for s, n in c.items() if n or s == "ok")
+
+
+def code_text(code: dict | None) -> str:
+    code = code or {}
+    sha = code.get("commit")
+    where = f"commit {sha[:12]}" + (" (dirty: uncommitted changes)" if code.get("dirty") else "") if sha else \
+        f"commit unknown ({code.get('source', 'not recorded')})"
+    return f"dpscale {code.get('version', '?')}, {where}"
+
+
+def header(data: ReportData) -> list[tuple[str, str]]:
+    """The top of the report: what built it, and each machine in one line."""
+    b = data.build
+    rows = [("report built", f"{b.get('built_utc', '?')} by {code_text(b.get('code'))}"),
+            ("snakemake command", b.get("command") or "– (built by scripts/report.py, outside Snakemake)"),
+            ("resolved config", f"sha256 {b['config_hash']}" if b.get("config_hash") else "–")]
+    for m in data.measured:
+        sources = ", ".join(m.data_sources()) or "–"
+        rows.append((m.label, f"{m.hardware}; scale {m.scale}; data {sources}; measured with "
+                              f"{', '.join(m.commits()) or '–'}; {counts_text(m)}"))
+    if data.book:
+        rows.append(("book", f"{data.book.hardware}, the numbers section 13.6 printed ({data.book.source})"))
+    return rows
+
+
+def banners(data: ReportData) -> list[tuple[str, str]]:
+    out = []
+    for m in data.measured:
+        if m.scale == "smoke":
+            out.append(("warn", f"{m.name}: SMOKE SCALE, a tiny protocol on the same code path (backends "
+                                f"{', '.join(m.backends) or '?'}). These numbers check that the pipeline works; "
+                                "they are not a measurement of the book's experiment."))
+        if "synthetic" in m.data_sources():
+            out.append(("alert", f"{m.name}: SYNTHETIC DATA. Fashion-MNIST was not used; a deterministic synthetic "
+                                 "stand-in of the same shape fed these runs. Throughput does not depend on pixel "
+                                 "values; losses do."))
+        out += [("alert", f"{m.name}: unreadable artifact: {e}") for e in m.errors]
+        if not any(r["status"] != "not run" for r in m.results.values()):
+            out.append(("alert", f"{m.name}: no result JSONs found under {m.source}."))
+    return out + [("info", n) for n in data.notes]
+
+
+def machines_table(data: ReportData) -> Table:
+    rows = []
+    for m in data.measured:
+        start, end = m.dates()
+        rows.append([m.label, m.hardware, m.scale, ", ".join(m.data_sources()) or "–", ", ".join(m.backends) or "–",
+                     f"{start or '?'} … {end or '?'}", ", ".join(m.commits()) or "–", counts_text(m),
+                     m.plan_info.get("command") or ("this report's" if m.kind == "current" else "–"), m.source])
+    return Table("machines", "Machines, scale, data and code", ["machine", "hardware", "scale", "data",
+                    "backends", "measured (UTC)", "code", "plan", "planned by", "results"], rows)
+
+
+def fmt_fp(v) -> str:
+    if v is None:
+        return "–"
+    return json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else str(v)
+
+
+def fingerprint_table(data: ReportData) -> Table:
+    ms = data.measured
+    keys = [k for k in FP_KEYS if any(m.fingerprint.get(k) is not None for m in ms)]
+    keys += sorted({k for m in ms for k in m.fingerprint} - set(keys))
+    rows = [[Cell(k)] + [Cell(fmt_fp(m.fingerprint.get(k))) for m in ms] for k in keys]
+    return Table("fingerprint", "Fingerprints: the hardware and software each machine's results depend on",
+                 ["key"] + [m.name for m in ms], rows)
+
+
+def page(data: ReportData) -> Page:
+    return Page("provenance", CHAPTER.title, prose("provenance"), banners=banners(data),
+                tables=[machines_table(data), fingerprint_table(data)])
+
+
+CHAPTER = Chapter("provenance", "Provenance", (), ("machines", "fingerprint"), page)

@@ -1,0 +1,127 @@
+"""DDP weak and strong scaling: samples/s against k, speedup and efficiency, each
+with its interval, like with like against the book."""
+from __future__ import annotations
+
+from ..document import Chapter, Cell, FigureSpec, Page, Table
+from ..machines import Machine, ReportData
+from ..numbers import THROUGHPUT, book_form_scaling, common_k, pct, scaling
+from .common import figure, jobs_table, label, missing_notes, prose, records_table
+
+FIGURES = (FigureSpec("scaling_weak", "DDP weak scaling: samples/s against k, with the ideal line"),
+           FigureSpec("scaling_strong", "DDP strong scaling: samples/s against k, with the ideal line"),
+           FigureSpec("efficiency", "Weak- and strong-scaling efficiency against k"))
+PRIMARY = ("seed", "host", "cached", "device", "tuned")   # the book's protocol first
+DETAILS = ["machine", "experiment", "variant", "k", "status", "samples_per_s", "mean", "interval", "repeats",
+           "cv", "speedup", "speedup_interval", "efficiency", "efficiency_interval", "per_rank_batch",
+           "global_batch", "step_ms_median", "peak_mem_MiB", "mfu", "slow_ranks"]
+
+
+def primary_variant(m: Machine, experiment: str) -> str | None:
+    have = m.variants(experiment)
+    good = [v for v in PRIMARY if v in have and any(r["status"] == "ok" for r in m.series(experiment, v).values())]
+    return good[0] if good else (have[0] if have else None)
+
+
+def phrase(row: dict) -> str:
+    eff = pct(row["efficiency"])
+    if row["efficiency_lo"] is not None:
+        eff += f" [{pct(row['efficiency_lo'])}, {pct(row['efficiency_hi'])}]"
+    return f"{row['speedup']:.2f}x ({eff})"
+
+
+def headline(data: ReportData, experiment: str, title: str) -> str:
+    """Each machine's book-protocol series at one shared k; the largest k after it."""
+    per = {}
+    for m in data.machines:
+        if v := primary_variant(m, experiment):
+            rows = {r["k"]: r for r in scaling(m, experiment, v) if r["speedup"] is not None and r["k"] > 1}
+            if rows:
+                per[m.key] = (m, v, rows)
+    k = common_k({key: {kk: r["speedup"] for kk, r in rows.items()} for key, (_m, _v, rows) in per.items()})
+    if k is None:
+        return f"{title}: no multi-device measurement"
+    same = [f"{label(m)} [{v}] {phrase(rows[k])}" for m, v, rows in per.values() if k in rows]
+    beyond = [f"{label(m)} k={max(rows)} {phrase(rows[max(rows)])}" for m, _v, rows in per.values()
+              if max(rows) != k]
+    return f"{title} at k={k}: " + "; ".join(same) + (f". Largest k: {'; '.join(beyond)}" if beyond else "")
+
+
+def side_by_side(data: ReportData, experiment: str, strong: bool, key: str, title: str) -> Table:
+    """Rows k; a column per machine x variant; each cell in the book's printed form."""
+    cols = [(m, v) for m in data.machines for v in m.variants(experiment)]
+    rows_of = {(m.key, v): {r["k"]: r for r in scaling(m, experiment, v)} for m, v in cols}
+    ks = sorted({k for d in rows_of.values() for k in d})
+    rows = []
+    for k in ks:
+        cells = [str(k)]
+        for m, v in cols:
+            row = rows_of[(m.key, v)].get(k)
+            if row is None:
+                cells.append(Cell("not planned", "missing"))
+            elif row["status"] != "ok":
+                cells.append(Cell(f"{row['status'].upper()}: {row['reason']}", row["status"].replace(" ", "")))
+            else:
+                cells.append(Cell(book_form_scaling(m, row, strong).split(": ", 1)[1],
+                                  "book" if m.kind == "book" else ""))
+        rows.append(cells)
+    return Table(key, title, ["k"] + [f"{m.name} [{v}]" for m, v in cols], rows)
+
+
+def printed_block(data: ReportData, experiment: str, strong: bool) -> str:
+    lines = []
+    for m in data.machines:
+        for v in m.variants(experiment):
+            lines.append(f"# {m.name} [{v}]")
+            if m.kind == "book":
+                lines += list((m.book or {}).get(experiment, {}).get("printed") or [])
+            else:
+                lines += [book_form_scaling(m, row, strong) + (f"  ({row['reason']})" if row["reason"] else "")
+                          for row in scaling(m, experiment, v)]
+            lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def detail_records(data: ReportData) -> list[dict]:
+    out = []
+    for m in data.measured:
+        for e in THROUGHPUT:
+            for v in m.variants(e):
+                for r in scaling(m, e, v):
+                    out.append({**r, "interval": (r["ci_lo"], r["ci_hi"]),
+                                "speedup_interval": (r["speedup_lo"], r["speedup_hi"]),
+                                "efficiency_interval": (r["efficiency_lo"], r["efficiency_hi"]),
+                                "slow_ranks": ", ".join(map(str, r["slow_ranks"])) or "–"})
+    return out
+
+
+def straggler_banners(data: ReportData) -> list[tuple[str, str]]:
+    out = []
+    for r in detail_records(data):
+        if r["slow_ranks"] != "–":
+            out.append(("warn", f"{r['machine']}: {r['experiment']} [{r['variant']}] k={r['k']}: rank(s) "
+                                f"{r['slow_ranks']} more than 5% slower than the median rank in a timed epoch; "
+                                "samples/s comes from the slowest rank"))
+    return out
+
+
+def page(data: ReportData) -> Page:
+    weak, strong, eff = FIGURES
+    notes = missing_notes(data, "ddp_weak") + missing_notes(data, "ddp_strong")
+    eff_head = "; ".join(headline(data, e, t) for e, t in (("ddp_weak", "weak"), ("ddp_strong", "strong")))
+    return Page(
+        "scaling", CHAPTER.title, prose("scaling"), banners=straggler_banners(data),
+        figures=[figure(weak, headline(data, "ddp_weak", "DDP weak scaling"), missing_notes(data, "ddp_weak")),
+                 figure(strong, headline(data, "ddp_strong", "DDP strong scaling"),
+                        missing_notes(data, "ddp_strong")),
+                 figure(eff, "Scaling efficiency, " + eff_head, notes)],
+        tables=[side_by_side(data, "ddp_weak", False, "weak_side", "Weak scaling, in the book's form"),
+                side_by_side(data, "ddp_strong", True, "strong_side", "Strong scaling, in the book's form"),
+                records_table("scaling", "Every throughput, DDP and JAX: the book's figure (first timed epoch), the mean "
+                              "over the timed epochs with its 95% interval, speedup and efficiency with theirs",
+                              detail_records(data), DETAILS),
+                jobs_table(data, "scaling")],
+        pre=[("What each series would print, in the book's words",
+              printed_block(data, "ddp_weak", False) + "\n\n" + printed_block(data, "ddp_strong", True))])
+
+
+CHAPTER = Chapter("scaling", "DDP scaling, weak and strong", FIGURES, ("weak_side", "strong_side", "scaling"), page)

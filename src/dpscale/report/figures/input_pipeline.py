@@ -1,0 +1,52 @@
+"""The loader figure: per machine, samples/s of each input path at each k, as
+horizontal bars with their 95% intervals."""
+from __future__ import annotations
+
+from matplotlib.patches import Patch
+
+from ... import registry
+from ..chapters.input_pipeline import VARIANTS
+from ..machines import Machine, ReportData
+from ..numbers import fmt_num, point
+from . import kit
+
+COLORS = {"seed": "#9e9e9e", "cached": "#1f77b4", "tuned": "#ff7f0e"}
+
+
+def _panel(ax, m: Machine) -> None:
+    groups = [(e, k) for e in ("ddp_weak", "ddp_strong") for k in m.ks(e)]
+    variants = [v for v in VARIANTS if any(m.get(e, v, k) for e, k in groups)]
+    h = 0.8 / max(1, len(variants))
+    top = max([point(r)[0] or 0 for r in m.results.values() if r["experiment"] in ("ddp_weak", "ddp_strong")] + [1])
+    for gi, (e, k) in enumerate(groups):
+        for i, v in enumerate(variants):
+            y = gi + (i - (len(variants) - 1) / 2) * h
+            r = m.get(e, v, k)
+            val, lo, hi = point(r)
+            if val is not None:
+                err = [[val - lo], [hi - val]] if lo is not None else None
+                ax.barh(y, val, h * 0.9, color=COLORS[v], xerr=err, capsize=2)
+                ax.text(val + top * 0.01, y, fmt_num(val), va="center", fontsize=9)
+            elif r is not None:
+                ax.barh(y, top * 0.03, h * 0.9, color="white", ec=COLORS[v], hatch="xx")
+                ax.text(top * 0.04, y, r["status"], va="center", fontsize=9, color="#b71c1c")
+    ax.set_yticks(range(len(groups)), [f"{e.split('_')[1]} k={k}" for e, k in groups])
+    ax.invert_yaxis()
+    ax.set_xlim(0, top * 1.25)
+    ax.set_xlabel("samples/s, all ranks")
+    ax.set_title(m.name, loc="left")
+
+
+def loader(data: ReportData):
+    ms = [m for m in data.measured if m.variants("ddp_weak") or m.variants("ddp_strong")]
+    rows = [max(1, len(m.ks("ddp_weak")) + len(m.ks("ddp_strong"))) for m in ms] or [1]
+    fig, axes = kit.new(1, len(rows), height=1.0 + 0.55 * sum(rows) + 0.4 * len(rows),
+                        gridspec_kw={"height_ratios": rows})
+    if not ms:
+        kit.empty(axes[0, 0], "No DDP throughput results: nothing to compare.")
+    for ax, m in zip(axes[:, 0], ms):
+        _panel(ax, m)
+    texts = {v.name: v.text for v in registry.get("ddp_weak").variants}
+    kit.legend(fig, [(Patch(fc=COLORS[v]), f"{v}: {texts[v]}") for v in VARIANTS]
+               + [(Patch(fc="white", ec="#888", hatch="xx"), "planned, no number")], ncol=2)
+    return fig

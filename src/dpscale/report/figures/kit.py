@@ -1,0 +1,149 @@
+"""The figures' shared parts (matplotlib, Agg): size, fonts, colours, legends,
+missing-run marks, saving.
+
+Legibility is designed in: a figure is 8.5 in wide and shown at 96 px per inch
+(816 px, which fits a 900 px window beside the page's margins), its smallest text
+is 9 pt, and the PNG is drawn at twice that density. save() records the width and
+the smallest font, so the browser test can check the text size actually shown.
+The headline and the notes that say what is missing are the page's text, not the
+image's: the image keeps axes, legend and marks.
+"""
+from __future__ import annotations
+
+import io
+import textwrap
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
+from matplotlib.transforms import blended_transform_factory  # noqa: E402
+
+from ...results import write_atomic  # noqa: E402
+from ..machines import Machine, ReportData  # noqa: E402
+from ..numbers import fmt_num  # noqa: E402
+
+WIDTH_IN = 8.5
+CSS_DPI = 96
+PNG_DPI = 2 * CSS_DPI
+MIN_FONT_PT = 9.0
+
+plt.rcParams.update({
+    "font.size": 10, "axes.titlesize": 10.5, "axes.labelsize": 10, "xtick.labelsize": 9.5,
+    "ytick.labelsize": 9.5, "legend.fontsize": 9, "axes.grid": True, "grid.alpha": 0.3,
+    "axes.spines.top": False, "axes.spines.right": False, "svg.hashsalt": "dpscale",
+    "figure.constrained_layout.use": True, "errorbar.capsize": 3,
+})
+
+MACHINE_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
+BOOK_COLOR = "#222222"
+VARIANT_STYLE = {"seed": ("-", "o"), "cached": ("--", "s"), "tuned": ("-.", "^"), "host": ("-", "D"),
+                 "device": ("--", "P"), "default": ("-", "o"), "memcpy": ("--", "s")}
+K_MARKER = {2: "o", 4: "s", 8: "^", 16: "D"}
+STATUS_COLOR = {"ok": "#c8e6c9", "skipped": "#e0e0e0", "hung": "#ffcc80", "failed": "#ef9a9a",
+                "not run": "#ffffff"}
+
+
+def color_of(data: ReportData, m: Machine) -> str:
+    """One colour per machine, the same in every figure; the book is black."""
+    if m.kind == "book":
+        return BOOK_COLOR
+    return MACHINE_COLORS[[x.key for x in data.measured].index(m.key) % len(MACHINE_COLORS)]
+
+
+def style_of(variant: str) -> tuple[str, str]:
+    return VARIANT_STYLE.get(variant, (":", "v"))
+
+
+def new(ncols: int = 1, nrows: int = 1, height: float = 4.2, **kw):
+    fig, axes = plt.subplots(nrows, ncols, figsize=(WIDTH_IN, height), squeeze=False, **kw)
+    return fig, axes
+
+
+def wrap(text: str, width: int = 42) -> str:
+    return "\n".join(textwrap.wrap(text, width)) or text
+
+
+def legend(fig, entries: list[tuple], ncol: int = 2) -> None:
+    """entries: (handle, label), placed under the axes."""
+    if entries:
+        handles, labels = zip(*entries)
+        fig.legend(handles, [wrap(t) for t in labels], loc="outside lower center", ncol=ncol, frameon=False)
+
+
+def machine_entries(data: ReportData, machines) -> list[tuple]:
+    return [(Line2D([], [], color=color_of(data, m), lw=3), m.name) for m in machines]
+
+
+def variant_entries(variants, texts: dict[str, str]) -> list[tuple]:
+    return [(Line2D([], [], color="#555555", ls=style_of(v)[0], marker=style_of(v)[1]), f"{v}: {texts.get(v, v)}")
+            for v in variants]
+
+
+def empty(ax, text: str) -> None:
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, wrap(text, 60), ha="center", va="center", fontsize=11, color="#666666",
+            transform=ax.transAxes, bbox=dict(boxstyle="round,pad=0.8", fc="#fafafa", ec="#bbbbbb"))
+
+
+def k_axis(ax, ks, log: bool = True) -> None:
+    ks = sorted(set(ks)) or [1]
+    if log:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(ks)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _p: f"{x:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(min(ks) / 1.35, max(ks) * 1.35)
+
+
+def log_y(ax, label: str) -> None:
+    """A log y axis labelled 1, 2, 5 x 10^n in plain numbers (2,000, not 2 x 10^3)."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _p: fmt_num(y)))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylabel(label)
+
+
+def log2_axis(ax, label: str) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(label)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _p: f"{x:g}"))
+
+
+def mark_missing(ax, x: float, text: str, color: str, slot: int = 0) -> None:
+    """A planned point without a number: an x on the bottom edge, its status above it."""
+    tr = blended_transform_factory(ax.transData, ax.transAxes)
+    y = 0.04 + 0.09 * slot
+    ax.plot([x], [y], marker="x", ms=9, mew=2, color=color, transform=tr, clip_on=False, zorder=5)
+    ax.text(x, y + 0.03, text, color=color, fontsize=9, ha="center", va="bottom", transform=tr)
+
+
+def errorbars(ax, xs, ys, los, his, **style):
+    """ys with their intervals where every point has one, else plain points."""
+    if all(lo is not None for lo in los) and los:
+        err = [[y - lo for y, lo in zip(ys, los)], [hi - y for y, hi in zip(ys, his)]]
+        return ax.errorbar(xs, ys, yerr=err, **style)
+    return ax.plot(xs, ys, **{k: v for k, v in style.items() if k != "capsize"})
+
+
+def min_font(fig) -> float:
+    sizes = [t.get_fontsize() for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    return min(sizes, default=MIN_FONT_PT)
+
+
+def save(fig, figdir: Path, name: str) -> dict:
+    """PNG (twice the display density) and SVG, written atomically; what the page needs to show it."""
+    fig.canvas.draw()
+    meta = {"width_in": float(fig.get_size_inches()[0]), "min_font_pt": float(min_font(fig))}
+    for ext, kw in (("png", {"dpi": PNG_DPI, "metadata": {"Software": None}}), ("svg", {"metadata": {"Date": None}})):
+        buf = io.BytesIO()
+        fig.savefig(buf, format=ext, facecolor="white", **kw)
+        write_atomic(Path(figdir) / f"{name}.{ext}", buf.getvalue())
+    plt.close(fig)
+    return {**meta, "width_px": round(meta["width_in"] * CSS_DPI), "png": str(Path(figdir) / f"{name}.png")}

@@ -1,0 +1,65 @@
+"""The tuned figure: per machine, per-device samples/s of the book's protocol and the
+tuned series, MFU beside each bar, and where MFU = 1 would be."""
+from __future__ import annotations
+
+import statistics
+
+from matplotlib.patches import Patch
+
+from ... import registry
+from ..chapters.tuned import GROUPS, per_device, smallest_k
+from ..machines import Machine, ReportData
+from ..numbers import fmt_num, metric, ok
+from . import kit
+
+SHADES = ("#9e9e9e", "#1f77b4", "#ff7f0e")
+
+
+def mfu_one(m: Machine, k: int) -> float | None:
+    """samples/s per device at MFU = 1: the measured bf16 matmul peak over the counted FLOPs."""
+    vals = [1e12 * metric(r, "bf16_matmul_peak_TFLOPs") / metric(r, "flops_per_sample")
+            for e, _f, vs in GROUPS for v in vs if ok(r := m.get(e, v, k))
+            and metric(r, "bf16_matmul_peak_TFLOPs") and metric(r, "flops_per_sample")]
+    return statistics.median(vals) if vals else None
+
+
+def _panel(ax, m: Machine) -> None:
+    k, y, labels = smallest_k(m), 0, []
+    top = 1.0
+    for e, framework, variants in GROUPS:
+        for v, shade in zip(variants, SHADES):
+            r = m.get(e, v, k)
+            val, lo, hi = per_device(r)
+            labels.append(f"{framework} {v}")
+            if val is not None:
+                ax.barh(y, val, 0.75, color=shade, xerr=[[val - lo], [hi - val]] if lo else None, capsize=2)
+                mfu = metric(r, "mfu")
+                ax.text(val, y, f" {fmt_num(val)}" + (f"  MFU {mfu:.2f}" if mfu else ""), va="center", fontsize=9)
+                top = max(top, val)
+            elif r is not None:
+                ax.text(0, y, f" {r['status']}", va="center", fontsize=9, color="#b71c1c")
+            y += 1
+        y += 0.5
+    if lim := mfu_one(m, k):
+        ax.axvline(lim, color="#444", ls=":", lw=1.2)
+        ax.text(lim, -0.9, f"MFU = 1: {fmt_num(lim)}", ha="right", fontsize=9, color="#444")
+        top = max(top, lim)
+    ticks = [i + 0.5 * (i >= 3) for i in range(len(labels))]
+    ax.set_yticks(ticks, labels)
+    ax.invert_yaxis()
+    ax.set_xlim(0, top * 1.35)
+    ax.set_xlabel(f"samples/s per device at k={k}")
+    ax.set_title(m.name, loc="left")
+
+
+def tuned(data: ReportData):
+    ms = [m for m in data.measured if smallest_k(m) is not None]
+    fig, axes = kit.new(1, max(1, len(ms)), height=0.8 + 2.6 * max(1, len(ms)))
+    if not ms:
+        kit.empty(axes[0, 0], "No DDP or JAX throughput results: nothing to compare.")
+    for ax, m in zip(axes[:, 0], ms):
+        _panel(ax, m)
+    entries = [(Patch(fc=shade), f"{f} {v}: {registry.variant_text(e, v)}")
+               for e, f, vs in GROUPS for v, shade in zip(vs, SHADES)]
+    kit.legend(fig, entries, ncol=2)
+    return fig

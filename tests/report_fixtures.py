@@ -1,0 +1,150 @@
+"""Fixture results for the report's tests, written with dpscale.results.make_result
+(the contract every rule writes), in the shape the workers write them: repeats per
+timed epoch, paired probe trials, the nccl-tests table. The numbers are made up,
+shaped like a CPU smoke run (this run) and a GPU paper run (a reference machine)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpscale import costmodel, specs, stats
+from dpscale.results import make_result, write_json_atomic
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "reference" / "book_4090.yaml"
+CPU_FP = {"gpu_model": None, "gpu_count": 0, "cpu_model": "Fixture CPU", "cpu_count": 2, "torch": "2.14.1",
+          "jax": "0.10.2", "nccl": None, "driver": None, "cuda": None, "interconnect": "none",
+          "hostname": "ci-box", "python": "3.11.7"}
+GPU_FP = {"gpu_model": "NVIDIA H200", "gpu_count": 8, "gpu_memory_MiB": 143771, "cpu_model": "Xeon",
+          "cpu_count": 128, "torch": "2.11.0+cu130", "jax": "0.11.2", "nccl": "2.27.7", "driver": "580.1",
+          "cuda": "13.0", "interconnect": "NV18", "hostname": "gpu-node", "python": "3.12.3"}
+SKIP_K4 = "k=4 needs 4 devices; this machine has 2 CPU core(s), and a CPU stand-in runs one process per core"
+SKIP_MEMCPY = ("NCCL_SHM_USE_CUDA_MEMCPY is a setting of NCCL's shared-memory transport; "
+               "the gloo backend used without GPUs has no equivalent")
+HUNG_REASON = "no progress: killed by the outer watchdog after 30.2 s (limit 30 s)"
+CODE = {"version": "0.1.0", "commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False, "source": "git",
+        "sources": ["torch_runs"], "sources_sha256": "feedfacefeedface"}
+
+
+def write(root: Path, exp, variant, k, *, fp, backend, scale, status="ok", reason=None, metrics=None,
+          source="synthetic") -> str:
+    data = {"source": source, "origin": "fixture", "image_size": 32} if status == "ok" else {}
+    r = make_result(experiment=exp, variant=variant, k=k, status=status, reason=reason, metrics=metrics or {},
+                    config={"scale": scale, "protocol": {"per_rank_batch": 8}}, fingerprint=fp, backend=backend,
+                    data=data, code=CODE)
+    write_json_atomic(root / exp / variant / f"k{k}.json", r)
+    return specs.target(exp, variant, k, str(root))
+
+
+def throughput(s, k, prb, wobble=(1.0, 1.01, 0.99)):
+    reps = [s * w for w in wobble]
+    iv = stats.interval(reps)
+    secs = [[prb * 8 / (x / k) for x in reps] for _r in range(k)]
+    return {"samples_per_s": reps[0], "samples_per_s_repeats": reps, "repeats": len(reps),
+            **{f"samples_per_s_{key}": iv[key] for key in ("median", "min", "max", "mean", "cv")},
+            "samples_per_s_ci95": [iv["ci_lo"], iv["ci_hi"]], "samples_per_s_per_device": s / k,
+            "per_rank_batch": prb, "global_batch": prb * k, "step_ms_median": 1e3 * prb * k / s, "epoch_s": 3.0,
+            "peak_mem_MiB": None, "loss_last": 2.3,
+            "per_rank": [{"rank": r, "samples_per_s": s / k, "seconds_repeats": secs[r],
+                          "steps": {"n": 8, "median_ms": 1e3 * prb * k / s, "cv": 0.03}} for r in range(k)]}
+
+
+def nccl_table(mibs, gbps, k, wrong_at=None):
+    tables = {}
+    for placement, slower in (("out_of_place", 1.0), ("in_place", 0.98)):
+        rows = []
+        for mib in mibs:
+            size = int(mib * 2**20)
+            t = size / (gbps * 1e9) * (1 + 0.5 / mib) * slower
+            rows.append({"bytes": size, "count": size // 4, "type": "float", "redop": "sum", "root": -1,
+                         "time_us": 1e6 * t, "time_us_median": 1e6 * t, "time_us_ci95": [0.97e6 * t, 1.05e6 * t],
+                         "time_us_cv": 0.02, "iters": 20, "algbw_GBps": costmodel.algbw(size, t) / 1e9,
+                         "busbw_GBps": costmodel.busbw(size, t, k) / 1e9, "wrong": 1 if mib == wrong_at else 0})
+        tables[placement] = rows
+    busbw = [r["busbw_GBps"] for rows in tables.values() for r in rows]
+    return {"table": tables, "avg_busbw_GBps": sum(busbw) / len(busbw), "correct": wrong_at is None,
+            "time_aggregation": "mean over ranks of each rank's mean over the timed loop (nccl-tests -a 1)"}
+
+
+def probe(synced, comm, k, pairs=12):
+    diffs = [comm * (1 + 0.05 * ((i % 3) - 1)) for i in range(pairs)]
+    return {"synced_ms": synced, "no_sync_ms": synced - comm, "comm_ms": comm, "comm_ms_pairs": diffs,
+            "synced_ms_pairs": [synced] * pairs, "no_sync_ms_pairs": [synced - d for d in diffs], "pairs": pairs,
+            "pred_flat_ms": comm * 0.8, "pred_ring_ms": comm * 0.8 * (k - 1) / k * 2, "pred_book_ms": 19.9,
+            "grad_bytes": 44_703_272, "bucket_bytes": [1_000_000, 26_000_000, 17_000_000]}
+
+
+def fsdp_metrics(k, gpu):
+    p = 42.6
+
+    def side(div, peak):
+        rows = [{"rank": r, "params_MiB": p / div, "grads_MiB": p / div, "optimizer_MiB": p / div,
+                 "peak_mem_MiB": peak, "samples_per_s": 10.0} for r in range(k)]
+        return {"samples_per_s": 10.0 * k, "peak_mem_MiB_max": peak, "state_MiB_per_rank": 3 * p / div,
+                "per_rank": rows}
+    return {"fsdp": side(k, 900.0 if gpu else None), "ddp": side(1, 1400.0 if gpu else None),
+            "state_ratio_fsdp_over_ddp": 1 / k, "zero_sizing_7B_8x80GB": costmodel.zero_table()}
+
+
+def buckets():
+    return {"sweep": [{"bucket_cap_MiB": 1, "n_buckets": 12, "samples_per_s": 55.0, "step_ms_median": 290.0,
+                       "step_ms_ci95": [280.0, 300.0]},
+                      {"bucket_cap_MiB": 25, "n_buckets": 2, "samples_per_s": 61.0, "step_ms_median": 262.0,
+                       "step_ms_ci95": [255.0, 270.0]}],
+            "best_bucket_cap_MiB": 25, "best_samples_per_s": 61.0}
+
+
+def write_cpu_smoke(runs: Path, fp=CPU_FP) -> list[str]:
+    """This run: a 2-core CPU smoke run with ks=[1, 2, 4]; returns its planned targets."""
+    kw, jkw, out = dict(fp=fp, backend="gloo", scale="smoke"), dict(fp=fp, backend="xla-cpu", scale="smoke"), []
+    for exp, base, prb in (("ddp_weak", 40.0, 8), ("ddp_strong", 38.0, None)):
+        for variant, f in (("seed", 1.0), ("cached", 1.5)):
+            for k, eff in ((1, 1.0), (2, 0.8)):
+                out.append(write(runs, exp, variant, k, metrics=throughput(base * f * k * eff, k, prb or 16 // k), **kw))
+            out.append(write(runs, exp, variant, 4, status="skipped", reason=SKIP_K4, **kw))
+    out.append(write(runs, "ddp_comm_probe", "default", 2, metrics=probe(410.0, 30.0, 2), **kw))
+    out.append(write(runs, "ddp_comm_probe", "default", 4, status="skipped", reason=SKIP_K4, **kw))
+    out.append(write(runs, "allreduce", "default", 2, metrics=nccl_table([0.25, 1, 4], 1.5, 2), **kw))
+    out.append(write(runs, "allreduce", "memcpy", 2, status="skipped", reason=SKIP_MEMCPY, **kw))
+    out.append(write(runs, "ddp_memcpy_training", "default", 2, status="hung", reason=HUNG_REASON,
+                     metrics={"hung_after_s": 30.2}, **kw))
+    out.append(write(runs, "ddp_bucket_sweep", "default", 2, metrics=buckets(), **kw))
+    out += [write(runs, "fsdp", "default", k, metrics=fsdp_metrics(k, False), **kw) for k in (1, 2)]
+    for variant, f in (("host", 1.0), ("device", 1.2)):
+        for k, eff in ((1, 1.0), (2, 0.75)):
+            out.append(write(runs, "jax_weak", variant, k, metrics=throughput(60.0 * f * k * eff, k, 8), **jkw))
+        out.append(write(runs, "jax_weak", variant, 4, status="skipped", reason=SKIP_K4, **jkw))
+    sizes = [6_447_680, 4_718_592] + [64] * 33
+    out.append(write(runs, "jax_hlo", "default", 2, metrics={
+        "n_allreduce": len(sizes), "allreduce_elements": sizes, "largest_two_elements": sizes[:2],
+        "total_elements": sum(sizes), "total_bytes": 4 * sum(sizes), "grad_floats": 11_175_818,
+        "sharding_batch_txt": "┌───────┐\n│ CPU 0 │\n├───────┤\n│ CPU 1 │\n└───────┘"}, **jkw))
+    out.append(write(runs, "jax_equality", "default", 2, metrics={
+        "max_abs_update": 0.011, "max_abs_diff": 2.1e-7, "rel_diff": 1.9e-5, "threshold": 0.05, "passed": True,
+        "broken": {"rel_diff": 0.5, "passed": False}, "broken_flagged": True}, **jkw))
+    return out
+
+
+def write_gpu_paper(root: Path) -> None:
+    """A reference machine, reference/<name>/: 8 x H200 at paper scale, with a plan.json."""
+    runs, kw, targets = root / "runs", dict(fp=GPU_FP, backend="nccl", scale="paper", source="real"), []
+    for exp, variant, base, effs in (("ddp_weak", "seed", 5000.0, {2: 0.9, 4: 0.85, 8: 0.8}),
+                                     ("ddp_weak", "cached", 5600.0, {2: 0.95, 4: 0.93, 8: 0.9}),
+                                     ("ddp_strong", "seed", 5100.0, {2: 0.85, 4: 0.7, 8: 0.5}),
+                                     ("ddp_strong", "cached", 5700.0, {2: 0.9, 4: 0.8, 8: 0.6})):
+        for k, e in {1: 1.0, **effs}.items():
+            targets.append(write(runs, exp, variant, k, metrics=throughput(base * k * e, k, 256), **kw))
+    flops, peak = 13_297_022_976, 780e12
+    for exp, variant, s in (("ddp_weak", "tuned", 20000.0), ("jax_weak", "host", 11000.0), ("jax_weak", "tuned", 23000.0)):
+        m = {**throughput(s, 1, 256), "flops_per_sample": flops, "bf16_matmul_peak_TFLOPs": peak / 1e12,
+             "mfu": flops * s / peak}
+        targets.append(write(runs, exp, variant, 1, metrics=m, **{**kw, "backend": "xla-gpu" if "jax" in exp else "nccl"}))
+    for k in (2, 4, 8):
+        targets.append(write(runs, "allreduce", "default", k, metrics=nccl_table([1, 4, 16, 64, 256], 300.0, k), **kw))
+        targets.append(write(runs, "allreduce", "memcpy", k, metrics=nccl_table([1, 4, 16, 64, 256], 60.0, k), **kw))
+        targets.append(write(runs, "ddp_comm_probe", "default", k, metrics=probe(20.0 + k * 0.1, 0.5 + 0.1 * k, k), **kw))
+    targets.append(write(runs, "ddp_memcpy_training", "default", 2, status="hung", reason=HUNG_REASON,
+                         metrics={"hung_after_s": 120.4}, **kw))
+    targets += [write(runs, "fsdp", "default", k, metrics=fsdp_metrics(k, True), **kw) for k in (1, 2, 4, 8)]
+    planned = [t.split("/runs/", 1)[1] for t in targets] + ["jax_hlo/default/k8.json"]   # one never ran
+    write_json_atomic(root / "fingerprint.json", GPU_FP)
+    write_json_atomic(root / "plan.json", {"targets": planned, "command": "snakemake --cores 8 report"})
