@@ -4,7 +4,6 @@
 # Configuration: config.yaml, validated against schemas/config.schema.yaml.
 # Experiments: src/dpscale/registry.py (one rule each, rules/measure.smk).
 import os
-import shlex
 import sys
 
 from snakemake.utils import min_version, validate
@@ -13,11 +12,10 @@ min_version("9.0")
 sys.path.insert(0, f"{workflow.basedir}/src")
 from dpscale.config import coerce_cli_types
 from dpscale.locks import release_stale
+from dpscale.provenance import export_command
 
-# The report names the command that built it; the environment carries it to the job,
-# not a params value, so the same report built by another command line does not rerun.
-if workflow.is_main_process:
-    os.environ["DPSCALE_SNAKEMAKE_COMMAND"] = shlex.join(["snakemake", *sys.argv[1:]])
+if workflow.is_main_process:  # the report names the command line that built it
+    export_command(sys.argv)
 
 # A run killed with SIGKILL leaves its lock; release it only if no run is alive here.
 for _lock in release_stale(workflow.workdir_init, workflow.is_main_process):

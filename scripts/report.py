@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from dpscale.provenance import COMMAND_VAR  # noqa: E402
 from dpscale.report import build  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,7 @@ a = ap.parse_args()
 targets = a.targets
 if a.targets_from:
     targets = [str(Path(a.runs) / t) for t in json.loads(Path(a.targets_from).read_text())["targets"]]
-info = {"command": os.environ.get("DPSCALE_SNAKEMAKE_COMMAND")}
+info = {"command": os.environ.get(COMMAND_VAR)}
 if a.resolved:
     info.update(resolved=json.loads(a.resolved), config_hash=hashlib.sha256(a.resolved.encode()).hexdigest()[:16])
 summary = build(a.runs, a.fingerprint, a.out_dir, targets=targets, references=a.references, book_path=a.book,

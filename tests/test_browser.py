@@ -10,6 +10,7 @@ installs it), or $CHROMIUM. Without it the test is skipped, except under CI=true
 where a missing browser is a failure.
 
 Also a script:  python tests/test_browser.py results/report/report.html
+(screenshots at 900 and 1400 px beside it, and the smallest text each width shows)
 """
 from __future__ import annotations
 
@@ -38,6 +39,13 @@ window.addEventListener('load', function () {
     broken: imgs.filter(function (i) { return !(i.complete && i.naturalWidth > 0); })
                 .map(function (i) { return i.alt || i.src.slice(0, 60); }),
     widths: imgs.map(function (i) { return i.naturalWidth; }),
+    viewport: window.innerWidth,
+    // the smallest text each figure shows, in CSS pt at this window width: its smallest
+    // font (data-min-font-pt, at its design width of data-width-in x 96 px) scaled by
+    // the width it is displayed at
+    shown_pt: imgs.filter(function (i) { return i.dataset.minFontPt; }).map(function (i) {
+      return {figure: i.dataset.figure, pt: parseFloat(i.dataset.minFontPt) * i.clientWidth /
+              (parseFloat(i.dataset.widthIn) * 96), shown_px: i.clientWidth}; }),
     tables: document.querySelectorAll('table').length,
     table_ids: Array.prototype.map.call(document.querySelectorAll('table[data-table]'),
                                         function (t) { return t.getAttribute('data-table'); }),
@@ -80,35 +88,46 @@ def run_chromium(exe: str, args: list[str], profile: Path, timeout: float = 120)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def check_report(html_path: Path, screenshot: Path | None = None, exe: str | None = None) -> dict:
-    """Load the report in headless Chromium; return what the page saw. Raises on no answer."""
+def check_report(html_path: Path, shots: Path | None = None, exe: str | None = None,
+                 widths: tuple[int, ...] = (900, 1400)) -> dict[int, dict]:
+    """Load the report in headless Chromium at each window width; return what the page
+    saw there, and save a screenshot per width into `shots` (screenshot-<width>.png)."""
     exe = exe or find_chromium()
     if not exe:
         raise RuntimeError("no chromium")
     html_path = Path(html_path).resolve()
+    out = {}
     with tempfile.TemporaryDirectory(prefix="dpscale-browser-") as tmp:
         tmp = Path(tmp)
         page = tmp / "checked.html"
         text = html_path.read_text()
         page.write_text(text.replace("</body>", CHECK_JS + "</body>", 1) if "</body>" in text else text + CHECK_JS)
-        p = run_chromium(exe, ["--virtual-time-budget=10000", "--dump-dom", page.as_uri()], tmp / "profile-dom")
-        m = re.search(r'<pre id="browser-check">(.*?)</pre>', p.stdout, re.S)
-        if not m:
-            raise AssertionError(f"chromium printed no check result (rc {p.returncode}); stderr tail:\n"
-                                 + p.stderr[-2000:])
-        found = json.loads(m.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
-                           .replace("&amp;", "&"))
-        if screenshot is not None:
-            screenshot = Path(screenshot).resolve()
-            screenshot.parent.mkdir(parents=True, exist_ok=True)
-            shot = tmp / "shot.png"
-            q = run_chromium(exe, ["--window-size=1280,6000", f"--screenshot={shot}", "--virtual-time-budget=10000",
-                                   html_path.as_uri()], tmp / "profile-shot")
-            if not shot.exists():
-                raise AssertionError(f"chromium wrote no screenshot (rc {q.returncode}): {q.stderr[-2000:]}")
-            shutil.copyfile(shot, screenshot)
-            found["screenshot"] = str(screenshot)
-    return found
+        for w in widths:
+            p = run_chromium(exe, [f"--window-size={w},2000", "--virtual-time-budget=10000", "--dump-dom",
+                                   page.as_uri()], tmp / f"profile-dom-{w}")
+            m = re.search(r'<pre id="browser-check">(.*?)</pre>', p.stdout, re.S)
+            if not m:
+                raise AssertionError(f"chromium printed no check result (rc {p.returncode}); stderr tail:\n"
+                                     + p.stderr[-2000:])
+            out[w] = json.loads(m.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">")
+                                .replace("&amp;", "&"))
+            if shots is not None:
+                shot = Path(shots).resolve() / f"screenshot-{w}.png"
+                shot.parent.mkdir(parents=True, exist_ok=True)
+                q = run_chromium(exe, [f"--window-size={w},6000", f"--screenshot={shot}",
+                                       "--virtual-time-budget=10000", html_path.as_uri()], tmp / f"profile-shot-{w}")
+                if not shot.exists():
+                    raise AssertionError(f"chromium wrote no screenshot (rc {q.returncode}): {q.stderr[-2000:]}")
+                out[w]["screenshot"] = str(shot)
+    return out
+
+
+def assert_legible(found: dict[int, dict], n_figures: int) -> None:
+    """Every figure loads at every width, and none shows text under 9 pt."""
+    for w, f in found.items():
+        assert f["images"] == n_figures and f["broken"] == [], (w, f["broken"])
+        small = [x for x in f["shown_pt"] if x["pt"] < 9 - 1e-6]
+        assert len(f["shown_pt"]) == n_figures and not small, (w, small)
 
 
 @pytest.fixture(scope="module")
@@ -121,14 +140,14 @@ def fixture_report(tmp_path_factory):
 def test_report_renders_in_chromium(fixture_report, tmp_path):
     from dpscale.report.chapters import figure_specs
     exe = require_chromium()
-    found = check_report(fixture_report, tmp_path / "screenshot.png", exe)
-    assert found["images"] == len(figure_specs()), found
-    assert found["broken"] == [], found
+    found = check_report(fixture_report, tmp_path, exe)
+    assert_legible(found, len(figure_specs()))
     for key in ("book_comparison", "status", "fingerprint", "weak_side", "allreduce", "k8_prediction", "plan"):
-        assert key in found["table_ids"], key
-    assert found["rows"] > 50
-    shot = Path(found["screenshot"])
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
+        assert key in found[900]["table_ids"], key
+    assert found[900]["rows"] > 50
+    for w in (900, 1400):
+        shot = Path(found[w]["screenshot"])
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
 
 
 def test_real_report_if_built():
@@ -138,19 +157,19 @@ def test_real_report_if_built():
                                / "results" / "report" / "report.html"))
     if not html.exists():
         pytest.skip(f"no report at {html} (run `snakemake --cores 1 report` first)")
-    exe = require_chromium()
-    found = check_report(html, html.parent / "screenshot.png", exe)
-    assert found["images"] >= 6 and found["broken"] == [], found
-    assert found["tables"] >= 5
+    from dpscale.report.chapters import figure_specs
+    found = check_report(html, html.parent, require_chromium())
+    assert_legible(found, len(figure_specs()))
 
 
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser(description="Check a built report.html in headless Chromium and screenshot it.")
     ap.add_argument("html", nargs="?", default="results/report/report.html")
-    ap.add_argument("--screenshot", default=None, help="PNG path (default: screenshot.png beside the report)")
+    ap.add_argument("--shots", default=None, help="folder for screenshot-<width>.png (default: beside the report)")
     a = ap.parse_args()
-    shot = Path(a.screenshot) if a.screenshot else Path(a.html).parent / "screenshot.png"
-    res = check_report(Path(a.html), shot)
-    print(json.dumps({k: v for k, v in res.items() if k != "widths"}, indent=1))
-    sys.exit(0 if res["images"] and not res["broken"] else 1)
+    res = check_report(Path(a.html), Path(a.shots) if a.shots else Path(a.html).parent)
+    for w, f in res.items():
+        print(w, json.dumps({k: v for k, v in f.items() if k not in ("widths", "shown_pt")}),
+              "smallest text shown:", min((x["pt"] for x in f["shown_pt"]), default=None))
+    sys.exit(0 if all(f["images"] and not f["broken"] for f in res.values()) else 1)

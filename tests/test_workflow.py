@@ -1,7 +1,9 @@
-"""The workflow itself: lint, format, config errors before any job, dry-run
-rerun behaviour (a changed machine, an added k), and a smoke run end to end."""
+"""The workflow itself: lint, format, dry runs, and a smoke run end to end whose
+results live outside the clone: the plan it reports, its report in a real browser,
+and what reruns after a changed experiment's code, a changed machine, an added k."""
 from __future__ import annotations
 
+import csv
 import json
 import re
 import shutil
@@ -19,6 +21,12 @@ def repo(tmp_path_factory):
     return copy_repo(tmp_path_factory.mktemp("wf"))
 
 
+def elsewhere(repo, work, *args, check=True):
+    """snakemake -s <clone>/Snakefile -d <work>: results in a folder outside the clone."""
+    work.mkdir(parents=True, exist_ok=True)
+    return smk(work, "-s", str(repo / "Snakefile"), "-d", str(work), *args, check=check)
+
+
 def test_lint_is_clean():
     p = smk(ROOT, "--lint", check=False)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -31,34 +39,62 @@ def test_snakefmt_check():
 
 
 def test_default_config_dry_run(repo):
-    out = smk(repo, "-n", "--cores", "1", "report").stdout
-    counts = job_counts(out)
+    counts = job_counts(smk(repo, "-n", "--cores", "1", "report").stdout)
     assert counts["download"] == 1 and counts["resize"] == 1 and counts["report"] == 1
 
 
-def test_smoke_run_reruns_and_additions(repo, tmp_path):
-    a = write_hw(tmp_path, "machine_a")
-    cfg = ["--config", "scale=smoke", "ks=[1]", f"hardware_file={a}", *FAST]
-    smk(repo, "--cores", "2", "report", *cfg)
-    res = json.loads((repo / "results/runs/ddp_weak/cached/k1.json").read_text())
+def planned_results(out: str) -> set[str]:
+    """The result files a forced dry run schedules: the DAG's result targets."""
+    return {f for line in re.findall(r"output: (.*)", out) for f in line.split(", ")
+            if f.startswith("results/runs/")}
+
+
+def test_smoke_run_elsewhere_reruns_and_additions(repo, tmp_path):
+    work, a = tmp_path / "run", write_hw(tmp_path, "machine_a")
+    cfg = ["--config", "scale=smoke", "ks=[1,2,4]", f"hardware_file={a}", *FAST]
+    elsewhere(repo, work, "--cores", "2", "report", *cfg)
+    assert not (repo / "results/runs").exists(), "results belong to the working folder, not the clone"
+    res = json.loads((work / "results/runs/ddp_weak/cached/k1.json").read_text())
     assert res["status"] == "ok" and res["data"]["source"] in ("synthetic", "real")
-    # the pipeline's own report, in a real browser: every figure loads, tables are there
-    from test_browser import check_report, require_chromium
-    html = repo / "results/report/report.html"
+
+    # the report planned exactly the DAG's result targets; k=4 is skipped, with its reason
+    plan = json.loads((work / "results/report/plan.json").read_text())
+    dag = planned_results(elsewhere(repo, work, "-n", "-F", "--cores", "2", "report", *cfg).stdout)
+    assert {f"results/runs/{t}" for t in plan["targets"]} == dag and len(dag) == 6
+    status = list(csv.DictReader((work / "results/report/tables/status.csv").open()))
+    k4 = [r for r in status if r["k"] == "4"]
+    assert len(k4) == 2 and all(r["status"] == "SKIPPED" and "k=4 needs 4 devices" in r["reason"] for r in k4)
+    assert plan["counts"] == {"ok": 4, "skipped": 2, "hung": 0, "failed": 0, "not run": 0}
+
+    # the pipeline's own report, in a real browser at 900 and 1400 px
+    from test_browser import assert_legible, check_report, require_chromium
+
+    from dpscale.report.chapters import figure_specs
+    html = work / "results/report/report.html"
     page = html.read_text()
     assert "smoke" in page and ("SYNTHETIC" in page) == (res["data"]["source"] == "synthetic")
-    found = check_report(html, html.parent / "screenshot.png", require_chromium())
-    assert found["images"] >= 6 and found["broken"] == [], found
-    assert found["tables"] >= 5
-    assert "Nothing to be done" in smk(repo, "-n", "--cores", "2", "report", *cfg).stdout
+    assert_legible(check_report(html, html.parent, require_chromium()), len(figure_specs()))
+    assert "Nothing to be done" in elsewhere(repo, work, "-n", "--cores", "2", "report", *cfg).stdout
+
+    # a change to what an experiment's code does marks its results stale; a comment or a docstring does not
+    source = repo / "src/dpscale/torch_runs.py"
+    original = source.read_text()
+    try:
+        source.write_text(original.replace('"""The PyTorch half', '"""(reworded) The PyTorch half') + "\n# a comment\n")
+        assert "Nothing to be done" in elsewhere(repo, work, "-n", "--cores", "2", "report", *cfg).stdout
+        source.write_text(original + "\nTIMING_FIX = 1\n")
+        out = elsewhere(repo, work, "-n", "--cores", "2", "report", *cfg).stdout
+        assert job_counts(out).get("ddp_weak") == 6 and "Params have changed" in out
+    finally:
+        source.write_text(original)
 
     # another machine: every measurement reruns, the data stage does not
     b = write_hw(tmp_path, "machine_b", cpu_model="another-cpu")
-    counts = job_counts(smk(repo, "-n", "--cores", "2", "report", *cfg[:-3], f"hardware_file={b}", *FAST).stdout)
-    assert counts.get("ddp_weak") == 2 and "download" not in counts and "resize" not in counts
+    counts = job_counts(elsewhere(repo, work, "-n", "--cores", "2", "report", *cfg[:-3], f"hardware_file={b}",
+                                  *FAST).stdout)
+    assert counts.get("ddp_weak") == 6 and "download" not in counts and "resize" not in counts
 
     # one more k: only that k's jobs (and the report) run
-    more = ["--config", "scale=smoke", "ks=[1,2]", f"hardware_file={a}", *FAST]
-    out = smk(repo, "-n", "--cores", "2", "report", *more).stdout
-    assert job_counts(out).get("ddp_weak") == 2
-    assert "k1.json" not in " ".join(re.findall(r"output: (.*)", out))
+    more = ["--config", "scale=smoke", "ks=[1,2,4,8]", f"hardware_file={a}", *FAST]
+    out = elsewhere(repo, work, "-n", "--cores", "2", "report", *more).stdout
+    assert job_counts(out).get("ddp_weak") == 2 and all("k8.json" in f for f in planned_results(out))

@@ -15,12 +15,23 @@ import ast
 import functools
 import hashlib
 import os
+import shlex
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent
 ROOT = PACKAGE.parents[1]
+
+
+COMMAND_VAR = "DPSCALE_SNAKEMAKE_COMMAND"
+
+
+def export_command(argv: list[str]) -> None:
+    """Hand the Snakemake command line to the jobs (the report names it). Through the
+    environment, not a params value: the same report built by another command line
+    must not rerun."""
+    os.environ[COMMAND_VAR] = shlex.join(["snakemake", *argv[1:]])
 
 
 def project_version() -> str:

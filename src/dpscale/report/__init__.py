@@ -10,7 +10,7 @@ writes, under out_dir:
     plan.json            what was planned, and how: `dpscale keep` copies it with the results
 
 A chapter (chapters/<key>.py) owns its figures, tables and prose (prose/<key>.rst,
-prose/figures/<figure>.rst); its figures are drawn by figures/<key>.py. The
+prose/figures/<name>.rst); its figures are drawn by figures/<key>.py. The
 declarations are light: the workflow reads them when it is parsed (no matplotlib).
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def load(runs_dir, fingerprint_path, targets=None, references=(), book_path=None
     else:
         current = load_found(runs_dir, fingerprint_path, label=name)
     same = Path(runs_dir).resolve()
-    folders = [f for f in reference_folders(references) if (f / "runs").resolve() != same]
+    folders = [f for f in reference_folders(references) if (f / "runs").resolve() != same and f.name != name]
     refs, notes = with_references(current, folders)
     book = bookmod.load(book_path)
     machines = [current] + refs + ([book] if book else [])
@@ -48,6 +48,7 @@ def build(runs_dir, fingerprint_path, out_dir, *, targets=None, references=(), b
     data.build.setdefault("built_utc", utc_now())
     data.build.setdefault("code", provenance.code_record(()))
     out = Path(out_dir)
+    data.book_rows = [r for chapter in CHAPTERS if chapter.book_rows for r in chapter.book_rows(data)]
     pages = [chapter.page(data) for chapter in CHAPTERS]
     from .figures import draw_all   # matplotlib: only here, never when the workflow is parsed
     images = draw_all(data, out / "figures")

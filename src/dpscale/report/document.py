@@ -78,6 +78,7 @@ class Chapter:
     figures: tuple[FigureSpec, ...]
     tables: tuple[str, ...]          # keys of the tables also written as tables/<key>.csv
     page: Callable                   # (ReportData) -> Page
+    book_rows: Callable | None = None   # (ReportData) -> rows of the book-comparison table
 
 
 def utc_now() -> str:

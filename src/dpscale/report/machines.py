@@ -217,7 +217,8 @@ def reference_folders(dirs) -> list[Path]:
     for d in dirs or []:
         d = Path(d)
         if d.is_dir():
-            out += [p for p in sorted(d.iterdir()) if (p / "runs").is_dir() or (p / "fingerprint.json").exists()]
+            out += [p for p in sorted(d.iterdir()) if not p.name.startswith(".")   # a keep in progress
+                    and ((p / "runs").is_dir() or (p / "fingerprint.json").exists())]
     return out
 
 
@@ -226,6 +227,7 @@ class ReportData:
     machines: list[Machine]          # this run first, then the references, then the book
     build: dict = field(default_factory=dict)   # what built the report: version, commit, command, ...
     notes: list[str] = field(default_factory=list)
+    book_rows: list = field(default_factory=list)   # the chapters' rows of the book-comparison table
 
     @property
     def measured(self) -> list[Machine]:

@@ -2,10 +2,11 @@
 all-reduce as nccl-tests prints it, the memcpy switch inside training, bucket sizes."""
 from __future__ import annotations
 
-from ..document import Chapter, FigureSpec, Page
+from .. import book as bookmod
+from ..document import Cell, Chapter, FigureSpec, Page
 from ..machines import Machine, ReportData
 from ..numbers import allreduce_at, allreduce_table, avg_busbw, distinguishable, fmt_num, metric, ok, probe_rows
-from .book_table import allreduce_text, probe_text
+from .book_table import printed_cell, row, status_text
 from .common import by_machine, figure, jobs_table, label, missing_notes, prose, records_table
 
 FIGURES = (FigureSpec("comm_probe", "no_sync() probe: measured communication against the cost model"),
@@ -18,6 +19,57 @@ NCCL_COLUMNS = ["machine", "variant", "k", "status", "size_B", "count", "type", 
                 "avg_busbw_GBps", "reason"]
 BUCKETS = ["machine", "k", "status", "bucket_cap_MiB", "n_buckets", "samples_per_s", "step_ms_median",
            "step_ms_interval", "best", "reason"]
+
+
+def probe_text(r: dict) -> str:
+    f = fmt_num
+    s = (f"k={r['k']}: predicted comm 2N/beta = {f(r['pred_book_ms'])} ms/step; measured "
+         f"{f(r['comm_ms'])} ms (synced {f(r['synced_ms'])}, no_sync {f(r['no_sync_ms'])})")
+    if r["comm_lo"] is not None:
+        s += f", 95% interval [{f(r['comm_lo'])}, {f(r['comm_hi'])}] over {r['pairs']} pairs"
+    if r.get("pred_flat_ms") is not None:
+        s += f" [with this machine's measured beta: {f(r['pred_flat_ms'])} ms flat, {f(r['pred_ring_ms'])} ms ring]"
+    return s
+
+
+def probe_cell(m: Machine, k: int = 2) -> Cell:
+    r = m.get("ddp_comm_probe", "default", k)
+    return Cell(probe_text(next(x for x in probe_rows(m) if x["k"] == k))) if ok(r) else status_text(r)
+
+
+def allreduce_text(m: Machine, k: int = 2) -> str | None:
+    """The book's print: 'effective bytes/device/s' (2S/t) at 64 MB, default and configured."""
+    d, c = m.get("allreduce", "default", k), m.get("allreduce", "memcpy", k)
+    pd = allreduce_at(d) if ok(d) else None
+    if not pd:
+        return None if d is None else f"bare allreduce at k={k}: {d['status']} ({d.get('reason') or ''})"
+    at = f" at {fmt_num(pd['bytes'] / 2**20)} MiB" if pd["bytes"] != 64 * 2**20 else ""
+    eff = 2 * pd["bytes"] / (pd["time_us"] * 1e-6) / 1e9
+    s = f"bare allreduce{at}, effective bytes/device/s: {eff:.1f} GB/s at the default"
+    if pc := (allreduce_at(c, pd["bytes"] / 2**20) if ok(c) else None):
+        effc = 2 * pc["bytes"] / (pc["time_us"] * 1e-6) / 1e9
+        return s + f", {effc:.1f} GB/s configured ({effc / eff:.1f}x)"
+    return s + (f"; configured (memcpy): {c['status']}" if c else "")
+
+
+def memcpy_cell(m: Machine) -> Cell:
+    r = next(iter(m.series("ddp_memcpy_training", "default").values()), None)
+    if r is None or r["status"] == "ok":
+        return status_text(r) if r is None else Cell(
+            f"ran, {fmt_num(r['metrics'].get('samples_per_s'))} samples/s (did not hang on this machine)")
+    after = (r.get("metrics") or {}).get("hung_after_s")
+    return Cell(f"{r['status'].upper()}" + (f" (killed after {after:g} s)" if after else "")
+                + f": {r.get('reason') or ''}", r["status"].replace(" ", ""))
+
+
+def book_rows(data: ReportData) -> list:
+    cite, book = (lambda key: bookmod.cite(data.book, key)), data.book
+    return [row(data, "no_sync() probe, k=2", cite("ddp_comm_probe"), printed_cell(data, "ddp_comm_probe"),
+                probe_cell),
+            row(data, "bare all-reduce, k=2, 64 MB", cite("allreduce"), printed_cell(data, "allreduce"),
+                lambda m: Cell(allreduce_text(m)) if allreduce_text(m) else status_text(None)),
+            row(data, "DDP training with the memcpy switch, k=2", cite("ddp_memcpy_training"),
+                memcpy_cell(book) if book else Cell("–"), memcpy_cell)]
 
 
 def probe_records(data: ReportData) -> list[dict]:
@@ -160,4 +212,4 @@ def page(data: ReportData) -> Page:
 
 
 CHAPTER = Chapter("communication", "Communication: the no_sync() probe, the bare all-reduce, bucket sizes",
-                  FIGURES, ("comm_probe", "allreduce", "bucket_sweep"), page)
+                  FIGURES, ("comm_probe", "allreduce", "bucket_sweep"), page, book_rows)

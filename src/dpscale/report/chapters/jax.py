@@ -2,9 +2,11 @@
 compiled step, the k=1 against k=2 update-equality check."""
 from __future__ import annotations
 
-from ..document import Chapter, FigureSpec, Page, Table, status_cell
+from .. import book as bookmod
+from ..document import Cell, Chapter, FigureSpec, Page, Table, status_cell
 from ..machines import Machine, ReportData
 from ..numbers import equality_summary, fmt_num, hlo_summary, ok, scaling
+from .book_table import printed_cell, row, scaling_rows, status_text
 from .common import by_machine, figure, jobs_table, label, missing_notes, prose
 from ..numbers import common_k
 from .scaling import primary_variant, side_by_side
@@ -38,6 +40,42 @@ def hlo_headline(data: ReportData) -> str:
                        + (f", largest {h['largest_floats'] / 1e6:.1f}M floats" if h["largest_floats"] else ""))
         return "; ".join(out) or None
     return "All-reduces XLA inserted into the compiled step: " + ("; ".join(by_machine(data, one)) or "no census")
+
+
+def hlo_cell(m: Machine) -> Cell:
+    rs = m.all("jax_hlo")
+    good = [r for r in rs if ok(r)]
+    if not good:
+        return status_text(rs[0] if rs else None)
+    parts = []
+    for r in good:
+        h = hlo_summary(r)
+        parts.append(f"k={r['k']}: {h['n_allreduce']} all-reduce ops in the compiled step"
+                     + (f"; the largest sums {h['largest_floats'] / 1e6:.1f}M floats" if h["largest_floats"] else ""))
+    return Cell("; ".join(parts))
+
+
+def equality_cell(m: Machine) -> Cell:
+    r = next(iter(m.all("jax_equality")), None)
+    if not ok(r):
+        return status_text(r)
+    e = equality_summary(r)
+    if e["max_abs_diff"] is None:
+        return Cell("update-equality check: not recorded")
+    extra = [f"relative {e['rel_diff']:.1e}"] if e["rel_diff"] is not None else []
+    extra += ["passed" if e["passed"] else "FAILED"] if e["passed"] is not None else []
+    if e["broken_flagged"] is not None:
+        extra.append("broken variant " + ("flagged" if e["broken_flagged"] else "NOT flagged"))
+    return Cell(f"max update difference, k=1 vs k=2: {e['max_abs_diff']:.1e}"
+                + (f" ({', '.join(extra)})" if extra else ""))
+
+
+def book_rows(data: ReportData) -> list:
+    return (scaling_rows(data, "jax_weak", "host", False, "JAX weak scaling")
+            + [row(data, "JAX all-reduce census", bookmod.cite(data.book, "jax_hlo"), printed_cell(data, "jax_hlo"),
+                   hlo_cell),
+               row(data, "JAX update equality, k=1 vs k=2", bookmod.cite(data.book, "jax_equality"),
+                   printed_cell(data, "jax_equality"), equality_cell)])
 
 
 def checks_table(data: ReportData) -> Table:
@@ -77,4 +115,4 @@ def page(data: ReportData) -> Page:
                 pre=pictures(data))
 
 
-CHAPTER = Chapter("jax", "JAX: declarative data parallelism", FIGURES, ("jax_side", "jax_checks"), page)
+CHAPTER = Chapter("jax", "JAX: declarative data parallelism", FIGURES, ("jax_side", "jax_checks"), page, book_rows)

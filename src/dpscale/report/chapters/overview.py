@@ -96,7 +96,8 @@ def status_headline(data: ReportData) -> str:
 def page(data: ReportData) -> Page:
     return Page("overview", CHAPTER.title, prose("overview"),
                 figures=[figure(FIGURES[0], status_headline(data))],
-                tables=[plan_table(data), book_comparison(data), noise_table(data), status_table(data)])
+                tables=[plan_table(data), book_comparison(data, data.book_rows), noise_table(data),
+                        status_table(data)])
 
 
 CHAPTER = Chapter("overview", "Overview", FIGURES, ("plan", "book_comparison", "noise", "status"), page)

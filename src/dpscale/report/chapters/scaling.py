@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..document import Chapter, Cell, FigureSpec, Page, Table
 from ..machines import Machine, ReportData
 from ..numbers import THROUGHPUT, book_form_scaling, common_k, pct, scaling
+from .book_table import scaling_rows
 from .common import figure, jobs_table, label, missing_notes, prose, records_table
 
 FIGURES = (FigureSpec("scaling_weak", "DDP weak scaling: samples/s against k, with the ideal line"),
@@ -124,4 +125,10 @@ def page(data: ReportData) -> Page:
               printed_block(data, "ddp_weak", False) + "\n\n" + printed_block(data, "ddp_strong", True))])
 
 
-CHAPTER = Chapter("scaling", "DDP scaling, weak and strong", FIGURES, ("weak_side", "strong_side", "scaling"), page)
+def book_rows(data: ReportData) -> list:
+    return (scaling_rows(data, "ddp_weak", "seed", False, "DDP weak scaling")
+            + scaling_rows(data, "ddp_strong", "seed", True, "DDP strong scaling"))
+
+
+CHAPTER = Chapter("scaling", "DDP scaling, weak and strong", FIGURES, ("weak_side", "strong_side", "scaling"), page,
+                  book_rows)

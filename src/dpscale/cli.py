@@ -1,0 +1,91 @@
+"""`dpscale`: the commands around the workflow.
+
+    dpscale keep NAME         keep this machine's results as reference/NAME/, to compare later
+    dpscale experiments       list the experiments the registry declares
+
+`keep` copies what a later report needs to set this machine beside another:
+results/runs/, results/fingerprint.json, results/model/, the plan the last report was
+built against (results/report/plan.json), the job, rank and Snakemake logs, and a
+report rebuilt with this machine named NAME. The copy is made beside the target and
+renamed into place, so an interrupted keep leaves no half reference. The next
+`snakemake report` draws reference/NAME/ beside this run, one colour per machine.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from . import registry
+
+NAME_OK = "letters, digits, '-', '_' and '.'"
+
+
+def _copy(src: Path, dest: Path) -> None:
+    if src.is_dir():
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.tmp", "*.ranks"))
+    elif src.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest)
+
+
+def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
+    results = workdir / "results"
+    plan = results / "report" / "plan.json"
+    for needed in (results / "runs", results / "fingerprint.json", plan):
+        if not needed.exists():
+            raise SystemExit(f"dpscale keep: {needed} is missing; run `snakemake --cores 1 report` in {workdir} first")
+    target = to / name
+    if target.exists() and not force:
+        raise SystemExit(f"dpscale keep: {target} exists; choose another NAME or pass --force to replace it")
+    to.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=to))
+    try:
+        for rel in ("runs", "fingerprint.json", "model"):
+            _copy(results / rel, tmp / rel)
+        _copy(plan, tmp / "plan.json")
+        _copy(workdir / "logs", tmp / "logs")
+        for log in sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log")):
+            _copy(log, tmp / "logs" / "snakemake" / log.name)
+        from .report import build   # matplotlib: only now
+        build(tmp / "runs", tmp / "fingerprint.json", tmp / "report", name=name, references=[to],
+              targets=[str(tmp / "runs" / t) for t in _targets(tmp / "plan.json")],
+              book_path=Path(__file__).resolve().parents[2] / "reference" / "book_4090.yaml")
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _targets(plan: Path) -> list[str]:
+    import json
+    return json.loads(plan.read_text())["targets"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="dpscale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    k = sub.add_parser("keep", help="keep this machine's results as reference/NAME/")
+    k.add_argument("name", help=f"the machine's name in reports, e.g. h200x2 ({NAME_OK})")
+    k.add_argument("--workdir", type=Path, default=Path("."), help="the workflow's working folder (default: .)")
+    k.add_argument("--to", type=Path, default=None, help="the reference folder (default: <workdir>/reference)")
+    k.add_argument("--force", action="store_true", help="replace an existing reference/NAME/")
+    sub.add_parser("experiments", help="list the experiments (src/dpscale/registry.py)")
+    a = ap.parse_args(argv)
+    if a.command == "experiments":
+        for e in registry.EXPERIMENTS.values():
+            print(f"{e.name:<20} {e.family:<6} {registry.KS_TEXT[e.ks]:<24} {'|'.join(e.variant_names()):<20} {e.title}")
+        return 0
+    if not a.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        ap.error(f"NAME {a.name!r}: use {NAME_OK}")
+    target = keep(a.name, a.workdir, a.to or a.workdir / "reference", a.force)
+    print(f"kept this machine's results as {target}; the next `snakemake report` shows it beside this run")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

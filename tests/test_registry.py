@@ -1,0 +1,128 @@
+"""The registry is the one place an experiment is declared: everything else derives
+from it, and the static files that cannot (the config schema) agree with it."""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import CPU_FP, ROOT
+
+from dpscale import config as dsconfig, registry, specs
+from dpscale.report.chapters import CHAPTERS
+
+PARSED = ("src", "rules", "scripts", "Snakefile", "schemas", "config.yaml")
+
+
+def measure_dummy(ctx) -> dict:
+    """The dummy experiment's measurement (what a worker would call)."""
+    return {"value_ms": 1.0}
+
+
+@pytest.fixture
+def dummy(monkeypatch):
+    """An experiment added to the registry alone: no other file knows it."""
+    exp = registry.Experiment("dummy_probe", "a dummy collective", "torch", "test_registry:measure_dummy",
+                              (registry.DEFAULT,), registry.multi_k, ("image_size",), "communication",
+                              sources=registry.TORCH_SOURCES)
+    monkeypatch.setitem(registry.EXPERIMENTS, exp.name, exp)
+    return exp
+
+
+def _resolved(**over):
+    cfg = {"scale": "smoke", "ks": [1, 2], "hardware_file": None, "tuned": "auto", "experiments": "all",
+           "data": {"source": "auto", "local_dir": None}, "watchdog": {"hang_timeout_s": "auto", "grace_s": 15},
+           "scales": {}, **over}
+    return dsconfig.resolve(cfg, CPU_FP)
+
+
+def planned_jobs(workdir: Path, config: dict) -> dict[str, list[str]]:
+    """{rule: outputs} of an in-process dry run of the workflow (Snakemake's API), so a
+    registry patched in this process is the one the Snakefile reads."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.enums import Quietness
+    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+    with SnakemakeApi(OutputSettings(quiet={Quietness.ALL})) as api:
+        wf = api.workflow(resource_settings=ResourceSettings(cores=1), config_settings=ConfigSettings(config=config),
+                          snakefile=ROOT / "Snakefile", workdir=workdir)
+        dag = wf.dag(dag_settings=DAGSettings(targets={"report"}))
+        dag.execute_workflow(executor="dryrun")
+        jobs = wf._workflow.dag.jobs   # the API exposes no job list; its DAG holds them
+        out: dict[str, list[str]] = {}
+        for j in jobs:
+            out.setdefault(j.rule.name, []).extend(str(f) for f in j.output)
+        return out
+
+
+def test_a_new_experiment_is_planned_dispatched_and_reported(dummy, tmp_path):
+    resolved = _resolved(experiments=["dummy_probe", "ddp_weak"])
+    assert "results/runs/dummy_probe/default/k2.json" in specs.targets(resolved)
+    spec = specs.job_spec(resolved, CPU_FP, "dummy_probe", "default", 2, {})
+    assert spec["backend"] == "gloo" and spec["config"]["protocol"] == {"image_size": 32}
+    assert registry.entry_point("dummy_probe") is measure_dummy            # the workers' dispatch
+    jobs = planned_jobs(tmp_path / "wf", {"scale": "smoke", "ks": [1, 2], "experiments": ["dummy_probe"]})
+    assert jobs["dummy_probe"] == ["results/runs/dummy_probe/default/k2.json"]
+    assert "results/report/report.html" in jobs["report"]
+
+    from dpscale import report
+    from dpscale.results import write_json_atomic
+    write_json_atomic(tmp_path / "fp.json", CPU_FP)
+    s = report.build(tmp_path / "runs", tmp_path / "fp.json", tmp_path / "out", references=[], book_path=None,
+                     targets=specs.targets(resolved, str(tmp_path / "runs")))
+    assert s["counts"]["this run"]["not run"] == len(specs.targets(resolved))
+    html = (tmp_path / "out" / "report.html").read_text()
+    jobs_table = re.search(r'<table id="table-jobs_communication".*?</table>', html, re.S).group(0)
+    assert "dummy_probe" in jobs_table and "NOT RUN" in jobs_table
+
+
+def test_the_schema_agrees_with_the_registry():
+    schema = dsconfig.schema()
+    protocol = schema["$defs"]["protocol"]["properties"]
+    assert set(protocol) == registry.protocol_keys(), "schema $defs/protocol against registry.protocol_keys()"
+    for scale in ("smoke", "paper"):
+        assert set(schema["properties"]["scales"]["properties"][scale]["default"]) == set(protocol), scale
+    for key, prop in protocol.items():
+        assert prop.get("description"), f"protocol key {key} has no description"
+    assert "enum" not in str(schema["properties"]["experiments"].get("items", {})), "names belong to the registry"
+
+
+def test_every_experiment_is_complete():
+    chapters = {c.key for c in CHAPTERS}
+    for exp in registry.EXPERIMENTS.values():
+        assert exp.family in registry.FAMILIES and exp.chapter in chapters, exp.name
+        assert set(exp.inputs) <= set(registry.INPUTS), exp.name
+        assert all(n.experiment in registry.EXPERIMENTS for n in exp.needs), exp.name
+        module, _, func = exp.entry.partition(":")
+        tree = ast.parse((ROOT / "src" / (module.replace(".", "/") + ".py")).read_text())
+        assert func in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, exp.entry
+        for name in exp.sources:
+            assert (ROOT / "src" / "dpscale" / f"{name}.py").exists(), name
+
+
+def test_an_unknown_experiment_is_one_clear_line():
+    with pytest.raises(dsconfig.ConfigError) as e:
+        _resolved(experiments=["ddp_weak", "warp_drive"])
+    msg = str(e.value)
+    assert "\n" not in msg and "'warp_drive' is not an experiment" in msg and "jax_equality" in msg
+
+
+def test_an_experiments_name_is_written_in_few_places():
+    """Adding an experiment touches its registry entry, its run module and its chapter."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", *PARSED], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.split()
+    holding = sorted(f for f in listed if (ROOT / f).is_file() and "jax_equality" in (ROOT / f).read_text(errors="ignore"))
+    assert len(holding) <= 3, holding
+    assert "src/dpscale/registry.py" in holding
+
+
+def test_variants_and_ks_policies():
+    ks = [1, 2, 4]
+    assert registry.get("allreduce").ks(ks) == [2, 4] and registry.get("ddp_weak").ks(ks) == [1, 2, 4]
+    assert registry.get("ddp_bucket_sweep").ks([1, 4, 8]) == [4] and registry.get("jax_equality").ks([1]) == [2]
+    assert registry.get("ddp_weak").variant_names(tuned=False) == ["seed", "cached"]
+    with pytest.raises(KeyError, match="no experiment 'nope'"):
+        registry.get("nope")
+    assert dataclasses.replace(registry.get("fsdp"), name="x").name == "x"   # frozen, copyable declarations
