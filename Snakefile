@@ -10,7 +10,8 @@ from snakemake.utils import min_version, validate
 
 min_version("9.0")
 sys.path.insert(0, f"{workflow.basedir}/src")
-from dpscale.config import coerce_cli_types
+from dpscale.config import ConfigError, coerce_cli_types
+from dpscale.configcheck import check
 from dpscale.locks import release_stale
 from dpscale.provenance import export_command
 
@@ -33,8 +34,14 @@ CONFIGFILE = (
 configfile: CONFIGFILE
 
 
-# --config 'ks=[1,2]' arrives as strings inside lists: coerce by the schema first.
-coerce_cli_types(config)
+# --config 'ks=[1,2]' arrives as strings inside lists: coerce by the schema first. A bad
+# value stops the run with one line that names the key and the fix (sys.exit prints
+# just that line); then Snakemake's validate fills in every default.
+try:
+    coerce_cli_types(config)
+    check(config)
+except ConfigError as e:
+    sys.exit(f"Invalid configuration: {e}")
 validate(config, "schemas/config.schema.yaml")
 
 

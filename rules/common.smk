@@ -3,9 +3,8 @@
 # cluster for. Parse-time work stays light (no torch, no jax).
 # (The Snakefile put src/ on sys.path; scripts find the package themselves.)
 import os
+import sys
 from pathlib import Path
-
-from snakemake.exceptions import WorkflowError
 
 from dpscale import (
     config as dsconfig,
@@ -19,8 +18,8 @@ from dpscale import (
 try:
     FP = dsfp.load(config["hardware_file"]) if config["hardware_file"] else dsfp.probe()
     RESOLVED = dsconfig.resolve(config, FP)
-except ValueError as e:  # ConfigError, bad hardware_file
-    raise WorkflowError(f"Invalid configuration: {e}")
+except ValueError as e:  # ConfigError, a bad hardware_file: one line, no traceback
+    sys.exit(f"Invalid configuration: {e}")
 
 if workflow.is_main_process:  # a job-mode parse on a compute node must not rewrite it
     dsfp.save_if_changed(FP, "results/fingerprint.json")

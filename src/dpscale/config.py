@@ -4,6 +4,7 @@ messages show the arithmetic, and the per-job specs the rules pass on."""
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import yaml
@@ -36,10 +37,11 @@ def resolve(config: dict, fp: dict) -> dict:
     ks = list(config["ks"])
     for k in ks:
         if proto["global_batch"] % k:
+            gb, lcm = proto["global_batch"], math.lcm(*ks)
             raise ConfigError(
-                f"scales.{scale}.global_batch: {proto['global_batch']} is not divisible by k={k} "
-                f"from ks={ks} ({proto['global_batch']} / {k} = {proto['global_batch'] / k:g}); "
-                "the strong-scaling sweep splits the global batch evenly across ranks")
+                f"scales.{scale}.global_batch: {gb} is not divisible by k={k} from ks={ks} ({gb} / {k} = "
+                f"{gb / k:g}), and the strong-scaling sweep splits the global batch evenly across ranks: "
+                f"use ks that divide {gb}, or write 'scales={{{scale}: {{global_batch: {lcm * -(-gb // lcm)}}}}}'")
     steps = proto["train_images"] // (proto["per_rank_batch"])
     if steps < 1:
         raise ConfigError(f"scales.{scale}.train_images: {proto['train_images']} images give no full "
@@ -62,10 +64,11 @@ def resolve(config: dict, fp: dict) -> dict:
     data = config["data"]
     if data["source"] == "local":
         if not data.get("local_dir"):
-            raise ConfigError("data.local_dir: required when data.source is 'local' (a folder with "
-                              "the four Fashion-MNIST .gz files)")
+            raise ConfigError("data.local_dir: required when data.source is local; write "
+                              "'data={source: local, local_dir: <the folder with the four Fashion-MNIST .gz files>}'")
         if not Path(data["local_dir"]).is_dir():
-            raise ConfigError(f"data.local_dir: {data['local_dir']!r} is not a folder")
+            raise ConfigError(f"data.local_dir: {data['local_dir']!r} is not a folder; write "
+                              "'data={source: local, local_dir: <the folder with the four Fashion-MNIST .gz files>}'")
     return {"scale": scale, "requested_scale": config["scale"], "protocol": proto, "ks": ks,
             "tuned": bool(tuned), "watchdog": wd, "experiments": experiments(config["experiments"]),
             "cluster": cluster}

@@ -1,0 +1,100 @@
+"""Bad configuration in one line: the key, what is wrong with the value, and what to
+write instead, in the notation `snakemake --config` accepts (nested keys as a YAML
+mapping: 'data={source: download}'; Snakemake's parser rejects data.source=...).
+
+jsonschema finds the errors (the schema is the one Snakemake validates against);
+this module only words them. Snakemake's own validate() then fills in the defaults.
+"""
+from __future__ import annotations
+
+import jsonschema
+import yaml
+
+from .config import ConfigError, schema
+
+TYPE_WORDS = {"array": "a list", "integer": "a whole number", "number": "a number", "string": "text",
+              "boolean": "true or false", "object": "a mapping", "null": "null"}
+
+
+def flow(value) -> str:
+    """A value in YAML flow style, as --config takes it: [1, 2], {source: local}, true."""
+    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+
+
+def cli(path: list, value) -> str:
+    """`snakemake --config` text that sets the key at `path` to `value`."""
+    keys = [p for p in path if isinstance(p, str)]
+    inner = flow(value)
+    for key in reversed(keys[1:]):
+        inner = f"{{{key}: {inner}}}"
+    text = f"{keys[0]}={inner}"
+    return f"'{text}'" if any(c in text for c in " {}[]*") else text
+
+
+def _sub(node: dict, path: list) -> dict:
+    """The schema of the key at `path` (object properties only)."""
+    for p in path:
+        if isinstance(p, int):
+            node = node.get("items", {})
+        else:
+            node = node.get("properties", {}).get(p) or {}
+            if "$ref" in node:
+                node = {**schema()["$defs"][node["$ref"].rsplit("/", 1)[1]], **node}
+    return node
+
+
+def _allowed(alternatives: list[dict]) -> str:
+    words = []
+    for alt in alternatives:
+        word = TYPE_WORDS.get(alt.get("type"), str(alt.get("type")))
+        if "exclusiveMinimum" in alt:
+            word += f" above {alt['exclusiveMinimum']}"
+        words += [flow(v) for v in alt.get("enum", [])] or (["true", "false"] if alt.get("type") == "boolean" else [word])
+    return ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
+
+
+def explain(e: jsonschema.ValidationError) -> str:
+    path = list(e.absolute_path)
+    keys = [p for p in path if isinstance(p, str)]
+    where = ".".join(keys) + "".join(f"[{p}]" for p in path if isinstance(p, int)) or "the configuration"
+    key_path = keys or []
+    sub = _sub(schema(), key_path)
+    default = sub.get("default") if key_path else None
+    example = f"; e.g. {cli(key_path, default)}" if key_path and default not in (None, {}) else ""
+    example = example if len(example) < 60 else ""
+    v = e.instance
+    if e.validator == "type" and "enum" in sub:   # scale=5: say which words it takes
+        e.validator, e.validator_value = "enum", sub["enum"]
+    if e.validator == "additionalProperties":
+        known = sorted(_sub(schema(), path).get("properties", {}))
+        extra = sorted(set(v) - set(known))
+        name = ".".join(keys + extra[:1])
+        return f"{name}: not a configuration key; the keys here are {', '.join(known)}"
+    if e.validator == "type" and e.validator_value == "array" and not isinstance(v, list):
+        return f"{where} must be a list: write {cli(key_path, [v])}"
+    if e.validator == "type":
+        return f"{where}: {flow(v)} is not {TYPE_WORDS.get(e.validator_value, e.validator_value)}{example}"
+    if e.validator == "enum":
+        return f"{where}: {flow(v)} is not one of {', '.join(map(flow, e.validator_value))}{example}"
+    if e.validator == "oneOf":
+        return f"{where}: {flow(v)} is not allowed; write {_allowed(e.validator_value)}{example}"
+    if e.validator in ("minimum", "exclusiveMinimum", "maximum"):
+        word = {"minimum": "below the minimum of", "exclusiveMinimum": "not above",
+                "maximum": "above the maximum of"}[e.validator]
+        return f"{where}: {flow(v)} is {word} {e.validator_value}{example}"
+    if e.validator == "uniqueItems":
+        return f"{where}: {flow(v)} repeats an item; write each once, e.g. {cli(key_path, list(dict.fromkeys(v)))}"
+    if e.validator == "minItems":
+        return f"{where}: the list is empty{example}"
+    if e.validator == "pattern":
+        return f"{where}: {flow(v)} does not match {e.validator_value}{example}"
+    return f"{where}: {e.message}{example}"
+
+
+def check(config: dict) -> None:
+    """Raise ConfigError with one line for the first error (errors deepest in the tree first)."""
+    sch = schema()
+    errors = sorted(jsonschema.validators.validator_for(sch)(sch).iter_errors(config),
+                    key=lambda e: (-len(e.absolute_path), str(list(e.absolute_path))))
+    if errors:
+        raise ConfigError(explain(errors[0]))
