@@ -573,18 +573,33 @@ def runtime_versions(devices) -> dict:
                     if key.startswith(("XLA_", "JAX_", "TF_CPP", "NCCL_", "CUDA_VISIBLE"))}}
 
 
+CUDA_INSTALL = ("pip install -e '.[cuda]' (JAX's CUDA 13 build, jax[cuda13]; for a CUDA 12 driver: "
+                f"pip install 'jax[cuda12]=={jax.__version__}')")
+
+
 def check_devices(spec: dict) -> list:
+    """The devices the job's backend promises, or one line saying why not and what to install."""
     k, want = int(spec["k"]), "gpu" if spec["backend"] == "xla-gpu" else "cpu"
     devices = jax.devices()
     if devices[0].platform != want:
-        raise RuntimeError(f"backend {spec['backend']} needs {want} devices, JAX sees "
-                           f"{devices[0].platform}: {devices}. On GPUs check that jaxlib's CUDA "
-                           "plugin is installed and the GPUs are visible (nvidia-smi).")
+        plugins = [d for d in ("jax-cuda13-plugin", "jax-cuda12-plugin") if _installed(d)]
+        raise RuntimeError(f"backend {spec['backend']} needs {want} devices, JAX {jax.__version__} sees "
+                           f"{devices[0].platform} ({', '.join(plugins) or 'no CUDA plugin installed'}); "
+                           + (f"install it with {CUDA_INSTALL}, and check nvidia-smi sees the GPUs"
+                              if want == "gpu" else "unset JAX_PLATFORMS"))
     if len(devices) < k:
         raise RuntimeError(f"k={k} needs {k} devices, JAX sees {len(devices)}: {devices}"
                            + (" (run through scripts/jax_worker.py, which sets XLA_FLAGS)"
                               if want == "cpu" else ""))
     return devices
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.version(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
 
 
 def run(spec: dict, result_path: str) -> None:

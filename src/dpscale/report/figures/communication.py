@@ -13,7 +13,7 @@ from . import kit
 PROBE_BARS = (("comm_ms", "measured: synced - no_sync, median of pairs", None),
               ("pred_flat_ms", "predicted, flat: 2N/beta, beta measured at k=2", "//"),
               ("pred_ring_ms", "predicted, ring: 2(k-1)/k N / busbw(k=2)", "\\\\"),
-              ("pred_book_ms", "predicted with the book's beta = 4.5 GB/s", ".."))
+              ("pred_book_ms", "predicted with the book's beta = 4.5 GB/s (the book's box)", ".."))
 
 
 def _probe_panel(ax, data: ReportData, m: Machine) -> None:
@@ -24,7 +24,7 @@ def _probe_panel(ax, data: ReportData, m: Machine) -> None:
             continue
         for bi, (key, _text, hatch) in enumerate(PROBE_BARS):
             v, y = row.get(key), gi + (bi - 1.5) * 0.2
-            if v is None:
+            if v is None or (key == "pred_book_ms" and m.kind != "book"):   # the book's beta: its own box only
                 continue
             err = [[v - row["comm_lo"]], [row["comm_hi"] - v]] if key == "comm_ms" and row["comm_lo"] is not None else None
             ax.barh(y, v, 0.19, color=color if hatch is None else "white", ec=color, hatch=hatch, xerr=err, capsize=2)
@@ -39,7 +39,9 @@ def _probe_panel(ax, data: ReportData, m: Machine) -> None:
 
 def comm_probe(data: ReportData):
     ms = [m for m in data.machines if probe_rows(m)]
-    fig, axes = kit.new(1, max(1, len(ms)), height=1.0 + sum(0.6 + 1.3 * len(probe_rows(m)) for m in ms))
+    rows = [len(probe_rows(m)) for m in ms] or [1]
+    fig, axes = kit.new(1, len(rows), height=1.0 + sum(0.6 + 1.2 * n for n in rows),
+                        gridspec_kw={"height_ratios": rows})
     if not ms:
         kit.empty(axes[0, 0], "No ddp_comm_probe results (the probe needs k >= 2).")
     for ax, m in zip(axes[:, 0], ms):
@@ -125,8 +127,8 @@ def bucket_sweep(data: ReportData):
                   else None for r in rows]
             kit.errorbars(ax, x, y, lo, hi, marker=kit.K_MARKER.get(k, "v"), color=kit.color_of(data, m), capsize=3)
             for r in rows:
-                ax.annotate(f"{r['n_buckets']}", (r["bucket_cap_MiB"], r["samples_per_s"]), xytext=(0, 7),
-                            textcoords="offset points", ha="center", fontsize=9)
+                ax.annotate(f"{r['n_buckets']}", (r["bucket_cap_MiB"], r["samples_per_s"]), xytext=(6, 4),
+                            textcoords="offset points", ha="left", fontsize=9)
     if not used:
         kit.empty(ax, "No bucket-sweep results.")
         return fig

@@ -1,43 +1,37 @@
-"""FSDP's state per rank against DDP's, stacked by part, and exercise 5's ZeRO stages."""
+"""FSDP's training state per rank against DDP's over k, and exercise 5's ZeRO stages."""
 from __future__ import annotations
 
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ..chapters.memory import STATE, fsdp_rows, zero_rows
-from ..machines import Machine, ReportData
-from ..numbers import fmt_num
+from ..chapters.memory import fsdp_rows, zero_rows
+from ..machines import ReportData
 from . import kit
 
-PARTS = dict(zip(STATE, (("parameters", "#1f77b4"), ("gradients", "#ff7f0e"), ("optimizer state", "#2ca02c"))))
 
-
-def _stack(ax, x: float, row: dict, alpha: float) -> float:
-    bottom = 0.0
-    for key, (_name, color) in PARTS.items():
-        v = row.get(key) or 0
-        ax.bar(x, v, 0.38, bottom=bottom, color=color, alpha=alpha, edgecolor="white")
-        bottom += v
-    return bottom
-
-
-def _fsdp_panel(ax, m: Machine) -> None:
-    rows = fsdp_rows(m)
-    ks = sorted({r["k"] for r in rows})
-    for gi, k in enumerate(ks):
-        by = {r.get("wrapper"): r for r in rows if r["k"] == k}
-        if any(r["status"] != "ok" for r in by.values()):
-            ax.text(gi, 0, next(iter(by.values()))["status"], ha="center", va="bottom", fontsize=9, color="#b71c1c")
+def _state_panel(ax, data: ReportData) -> list:
+    """State per rank against k: FSDP's (solid) should fall as DDP's / k (dotted)."""
+    used = []
+    for m in data.measured:
+        rows = [r for r in fsdp_rows(m) if r["status"] == "ok"]
+        by = {w: sorted((r for r in rows if r["wrapper"] == w), key=lambda r: r["k"]) for w in ("DDP", "FSDP")}
+        if not by["FSDP"]:
             continue
-        for j, name in enumerate(("DDP", "FSDP")):
-            total = _stack(ax, gi + (j - 0.5) * 0.4, by[name], 0.5 if name == "DDP" else 0.95)
-            ax.text(gi + (j - 0.5) * 0.4, total, f"{name}\n{fmt_num(total)}", ha="center", va="bottom", fontsize=9)
-        ideal = (by["DDP"]["state_MiB_per_rank"] or 0) / k
-        ax.plot([gi + 0.01, gi + 0.39], [ideal, ideal], color="black", lw=1.5, ls="--")
-    ax.set_xticks(range(len(ks)), [f"k={k}" for k in ks])
-    ax.margins(y=0.3)
-    ax.set_ylabel("state per rank, MiB")
-    ax.set_title(m.label, loc="left")
+        used.append(m)
+        color = kit.color_of(data, m)
+        for w, ls in (("DDP", ":"), ("FSDP", "-")):
+            ax.plot([r["k"] for r in by[w]], [r["state_MiB_per_rank"] for r in by[w]], ls=ls, marker="o", color=color)
+        if by["DDP"]:
+            ks, ddp = [r["k"] for r in by["FSDP"]], by["DDP"][0]["state_MiB_per_rank"]
+            ax.plot(ks, [ddp / k for k in ks], color="gray", lw=4, alpha=0.25)
+    if not used:
+        kit.empty(ax, "No FSDP result.")
+        return used
+    kit.k_axis(ax, [r["k"] for m in used for r in fsdp_rows(m)])
+    kit.log_y(ax, "training state per rank, MiB (log)")
+    ax.set_xlabel("k")
+    ax.set_title("FSDP against DDP", loc="left")
+    return used
 
 
 def _zero_panel(ax, data: ReportData) -> None:
@@ -61,13 +55,14 @@ def _zero_panel(ax, data: ReportData) -> None:
 
 
 def fsdp_memory(data: ReportData):
-    ms = [m for m in data.measured if fsdp_rows(m)]
-    fig, axes = kit.new(len(ms) + 1, 1, height=4.0)
-    for ax, m in zip(axes[0], ms):
-        _fsdp_panel(ax, m)
-    _zero_panel(axes[0, -1], data)
-    entries = [(Patch(fc=color), name) for name, color in PARTS.values()]
-    entries += [(Patch(fc="#999", alpha=0.5), "pale: DDP (replicated), strong: FSDP"),
-                (Line2D([], [], color="black", ls="--"), "ideal FSDP: DDP's state / k")]
+    fig, axes = kit.new(2, 1, height=4.0, gridspec_kw={"width_ratios": [1.4, 1]})
+    used = _state_panel(axes[0, 0], data)
+    _zero_panel(axes[0, 1], data)
+    entries = kit.machine_entries(data, used)
+    entries += [(Line2D([], [], color="#555", ls="-", marker="o"), "FSDP: state sharded 1/k"),
+                (Line2D([], [], color="#555", ls=":", marker="o"), "DDP: state replicated"),
+                (Line2D([], [], color="gray", lw=4, alpha=0.25), "ideal FSDP: DDP's state / k"),
+                (Patch(fc="#1f77b4"), "ZeRO: parameters (4P)"), (Patch(fc="#ff7f0e"), "gradients (4P)"),
+                (Patch(fc="#2ca02c"), "Adam moments (8P)")]
     kit.legend(fig, entries, ncol=3)
     return fig
