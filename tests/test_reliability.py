@@ -6,37 +6,27 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import SMALL, SNAKEMAKE, copy_repo, make_spec, run_job, smk
+from conftest import ROOT, SMALL, SNAKEMAKE, copy_repo, make_spec, run_job, smk
 
 from dpscale import data, results
 
 # ---------------------------------------------------------------- 1. bad configs
 
-BAD_CONFIGS = [  # (--config args, the one line it must print: the key, what is wrong, the fix)
-    (["colour=red"], "colour: not a configuration key; the keys here are cluster, data, experiments,"),
-    (["scale=5"], "scale: 5 is not one of smoke, paper, auto; e.g. scale=auto"),
-    (["scale=huge"], "scale: huge is not one of smoke, paper, auto; e.g. scale=auto"),
-    (["ks=2"], "ks must be a list: write 'ks=[2]'"),
-    (["ks=[0]"], "ks[0]: 0 is below the minimum of 1; e.g. 'ks=[1, 2, 4]'"),
-    (["ks=[1.5]"], "ks[0]: 1.5 is not a whole number"),
-    (["ks=[1,1]"], "ks: [1, 1] repeats an item; write each once, e.g. 'ks=[1]'"),
-    (["ks=[]"], "ks: the list is empty"),
-    (["ks=[1,3]"], "scales.smoke.global_batch: 16 is not divisible by k=3 from ks=[1, 3] (16 / 3 = 5.33333)"),
-    (["scales={smoke: {image_size: 4}}"], "scales.smoke.image_size: 4 is below the minimum of 8"),
-    (["data={source: local, local_dir: /no/such/folder}"], "data.local_dir: '/no/such/folder' is not a folder; write"),
-    (["data={sauce: 1}"], "data.sauce: not a configuration key; the keys here are local_dir, mirrors,"),
-    (["hardware_file=/no/such/fingerprint.json"], "hardware_file: cannot read /no/such/fingerprint.json"),
-    (["watchdog={hang_timeout_s: -5}"], "watchdog.hang_timeout_s: -5 is not allowed; write a number above 0 or auto"),
-    (["data={retries: 0}"], "data.retries: 0 is below the minimum of 1; e.g. 'data={retries: 3}'"),
-    (["experiments=[ddp_weak,warp_drive]"], "experiments: 'warp_drive' is not an experiment; write experiments=all"),
-    (["tuned=yes"], "tuned: 'yes' is not allowed; write true, false or auto"),
-]
+def readme_bad_inputs() -> list[tuple[str, str]]:
+    """The README's table 'Bad input, as it prints': (the --config argument, the line)."""
+    text = (ROOT / "README.md").read_text().split("### Bad input, as it prints", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(.+?)` \| `(.+)` \|$", text, re.M)
+    return [(arg[1:-1] if arg.startswith("'") else arg, line) for arg, line in rows]
+
+
+BAD_CONFIGS = readme_bad_inputs()   # every row of the README's table, checked as printed
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +35,13 @@ def repo(tmp_path_factory):
 
 
 @pytest.mark.workflow
-@pytest.mark.parametrize("args, line", BAD_CONFIGS, ids=[a[0][0] for a in BAD_CONFIGS])
-def test_bad_config_fails_before_any_job_in_one_line(repo, args, line):
-    p = smk(repo, "-n", "--cores", "1", "report", "--config", *args, check=False)
+@pytest.mark.parametrize("arg, line", BAD_CONFIGS, ids=[a for a, _ in BAD_CONFIGS])
+def test_bad_config_prints_the_readmes_line_and_nothing_else(repo, arg, line):
+    p = smk(repo, "-n", "--cores", "1", "report", "--config", arg, check=False)
     ours = [ln for ln in (p.stdout + p.stderr).splitlines()
             if not ln.startswith(("Using workflow specific profile", "Config file "))]
     assert p.returncode != 0
-    assert len(ours) == 1 and ours[0].startswith("Invalid configuration: ") and line in ours[0], ours
+    assert ours == [line], ours
     assert not (repo / "results/runs").exists()
 
 
@@ -101,6 +91,31 @@ def test_kill9_then_plain_rerun_completes(tmp_path):
     for path in after:
         results.load_result(repo / path)   # every artifact parses and meets the contract
     assert (repo / "results/report/report.html").exists()
+
+
+@pytest.mark.workflow
+def test_a_job_mode_parse_leaves_the_live_runs_lock_alone(tmp_path):
+    """The SLURM executor's Snakemake on a compute node (--mode remote) parses the
+    Snakefile too, and cannot see the login node's live run: it must not release
+    the lock. The main process of a plain rerun releases a stale one."""
+    repo = copy_repo(tmp_path)
+    locks = repo / ".snakemake/locks"
+    locks.mkdir(parents=True)
+    (locks / "0.input.lock").write_text("a run on another host\n")
+    cfg = ["--config", *SMALL, "ks=[1]", "experiments=[ddp_weak]"]
+    job = smk(repo, "--mode", "remote", "-n", "--cores", "1", "results/runs/ddp_weak/seed/k1.json", *cfg)
+    assert (locks / "0.input.lock").exists() and "stale lock" not in job.stdout + job.stderr
+    main = smk(repo, "-n", "--cores", "1", "report", *cfg)
+    assert not (locks / "0.input.lock").exists() and "Removed a stale lock" in main.stdout + main.stderr
+
+
+def test_release_stale_only_in_the_main_process(tmp_path):
+    from dpscale.locks import release_stale
+    (tmp_path / ".snakemake/locks").mkdir(parents=True)
+    lock = tmp_path / ".snakemake/locks/0.input.lock"
+    lock.write_text("x")
+    assert release_stale(tmp_path, main_process=False) == [] and lock.exists()
+    assert release_stale(tmp_path, main_process=True) == [str(lock)] and not lock.exists()
 
 
 # ---------------------------------------------------------------- 3. corrupted inputs
