@@ -183,3 +183,50 @@ def test_script_help_is_helpful():
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "report.py"), "--help"], capture_output=True,
                        text=True, env={"PYTHONPATH": str(ROOT / "src")})
     assert p.returncode == 0 and "--references" in p.stdout and "reference/<machine>/" in p.stdout
+
+
+def _bars(fig) -> list[tuple[float, float, float]]:
+    """(position, low, high) of every error bar a figure draws, vertical or horizontal."""
+    from matplotlib.container import BarContainer, ErrorbarContainer
+    out = []
+    for ax in fig.axes:
+        for c in ax.containers:
+            eb = c.errorbar if isinstance(c, BarContainer) else c if isinstance(c, ErrorbarContainer) else None
+            for coll in (eb.lines[2] if eb else ()):
+                for (x0, y0), (x1, y1) in coll.get_segments():
+                    out.append((x0, min(y0, y1), max(y0, y1)) if x0 == x1 else (y0, min(x0, x1), max(x0, x1)))
+    return out
+
+
+def _has(bars, pos, lo, hi, rel=1e-6) -> bool:
+    return any(abs(p - pos) < 1e-9 and lo == pytest.approx(a, rel=rel) and hi == pytest.approx(b, rel=rel)
+               for p, a, b in bars)
+
+
+def test_figures_draw_their_intervals_as_error_bars(built):
+    """Each plotted throughput, efficiency and communication number carries the interval
+    its table gives (the same numbers, from dpscale.report.numbers)."""
+    from dpscale.report import load
+    from dpscale.report.figures import communication, input_pipeline, jax, scaling as sfig
+    from dpscale.report.numbers import probe_rows, scaling
+    tmp = built["tmp"]
+    data = load(tmp / "results/runs", tmp / "results/fingerprint.json", built["targets"], [tmp / "reference"], BOOK)
+    this = data.current
+    weak, eff = _bars(sfig.scaling_weak(data)), _bars(sfig.efficiency(data))
+    dvj, loader = _bars(jax.ddp_vs_jax(data)), _bars(input_pipeline.loader(data))
+    rows = [r for v in ("seed", "cached") for r in scaling(this, "ddp_weak", v) if r["ci_lo"] is not None]
+    assert len(rows) == 4
+    for r in rows:
+        assert _has(weak, r["k"], r["ci_lo"], r["ci_hi"]) and _has(dvj, r["k"], r["ci_lo"], r["ci_hi"])
+        assert any(lo == pytest.approx(r["ci_lo"]) and hi == pytest.approx(r["ci_hi"]) for _p, lo, hi in loader)
+        if r["k"] > 1:
+            assert _has(eff, r["k"], 100 * r["efficiency_lo"], 100 * r["efficiency_hi"])
+    probe = [r for r in probe_rows(this) if r["comm_lo"] is not None][0]
+    assert any(lo == pytest.approx(probe["comm_lo"]) and hi == pytest.approx(probe["comm_hi"])
+               for _p, lo, hi in _bars(communication.comm_probe(data)))
+    times = _bars(communication.allreduce(data))
+    oop = this.get("allreduce", "default", 2)["metrics"]["table"]["out_of_place"]
+    for row in oop:
+        assert _has(times, row["bytes"] / 2**20, *row["time_us_ci95"])
+    import matplotlib.pyplot as plt
+    plt.close("all")
