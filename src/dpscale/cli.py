@@ -67,7 +67,8 @@ def _targets(plan: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="dpscale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="dpscale", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     k = sub.add_parser("keep", help="keep this machine's results as reference/NAME/")
     k.add_argument("name", help=f"the machine's name in reports, e.g. h200x2 ({NAME_OK})")
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.command == "experiments":
         for e in registry.EXPERIMENTS.values():
-            print(f"{e.name:<20} {e.family:<6} {registry.KS_TEXT[e.ks]:<24} {'|'.join(e.variant_names()):<20} {e.title}")
+            variants = "|".join(e.variant_names())
+            print(f"{e.name:<20} {e.family:<6} {registry.KS_TEXT[e.ks]:<26} {variants:<18} {e.title}")
         return 0
     if not a.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         ap.error(f"NAME {a.name!r}: use {NAME_OK}")

@@ -49,7 +49,9 @@ def _allowed(alternatives: list[dict]) -> str:
         word = TYPE_WORDS.get(alt.get("type"), str(alt.get("type")))
         if "exclusiveMinimum" in alt:
             word += f" above {alt['exclusiveMinimum']}"
-        words += [flow(v) for v in alt.get("enum", [])] or (["true", "false"] if alt.get("type") == "boolean" else [word])
+        if alt.get("type") == "boolean":
+            word = "true, false"
+        words += [flow(v) for v in alt.get("enum", [])] or [word]
     return ", ".join(words[:-1]) + f" or {words[-1]}" if len(words) > 1 else words[0]
 
 

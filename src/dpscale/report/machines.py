@@ -246,7 +246,7 @@ def _measured_keys(m: Machine) -> set:
     return {(k, r.get("started_utc"), r.get("finished_utc")) for k, r in m.results.items() if r["status"] != NOT_RUN}
 
 
-def with_references(current: Machine | None, folders: list[Path], same_as_current: str | None = None):
+def with_references(current: Machine | None, folders: list[Path]):
     """The reference machines, leaving out one that holds exactly this run's results
     (what `dpscale keep` copied): it is shown once, as this run."""
     refs, notes = [], []

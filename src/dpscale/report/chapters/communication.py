@@ -14,9 +14,9 @@ FIGURES = (FigureSpec("comm_probe", "no_sync() probe: measured communication aga
            FigureSpec("bucket_sweep", "DDP throughput against bucket_cap_mb (exercise 1)"))
 PROBE = ["machine", "k", "status", "synced_ms", "no_sync_ms", "comm_ms", "comm_interval", "pairs", "verdict",
          "pred_flat_ms", "pred_ring_ms", "pred_book_ms", "grad_MB", "n_buckets", "reason"]
-NCCL_COLUMNS = ["machine", "variant", "k", "status", "size_B", "count", "type", "redop", "oop_time_us", "oop_algbw_GBps",
-                "oop_busbw_GBps", "oop_wrong", "ip_time_us", "ip_algbw_GBps", "ip_busbw_GBps", "ip_wrong",
-                "avg_busbw_GBps", "reason"]
+NCCL_COLUMNS = ["machine", "variant", "k", "status", "size_B", "count", "type", "redop", "oop_time_us",
+                "oop_algbw_GBps", "oop_busbw_GBps", "oop_wrong", "ip_time_us", "ip_algbw_GBps", "ip_busbw_GBps",
+                "ip_wrong", "avg_busbw_GBps", "reason"]
 BUCKETS = ["machine", "k", "status", "bucket_cap_MiB", "n_buckets", "samples_per_s", "step_ms_median",
            "step_ms_interval", "best", "reason"]
 
@@ -143,7 +143,8 @@ def allreduce_headline(data: ReportData) -> str:
         if not pd:
             return None
         pc = allreduce_at(c, pd["bytes"] / 2**20) if ok(c) else None
-        tail = f", memcpy {pc['busbw_GBps'] / pd['busbw_GBps']:.1f}x" if pc else f", memcpy {c['status'] if c else 'not planned'}"
+        tail = (f", memcpy {pc['busbw_GBps'] / pd['busbw_GBps']:.1f}x" if pc
+                else f", memcpy {c['status'] if c else 'not planned'}")
         return f"{label(m)} default {fmt_num(pd['busbw_GBps'])} GB/s busbw at {fmt_num(pd['bytes'] / 2**20)} MiB{tail}"
     parts = by_machine(data, one)
     hung = [label(m) for m in data.machines if any(r["status"] == "hung" for r in m.all("ddp_memcpy_training"))]

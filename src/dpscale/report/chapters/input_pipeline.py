@@ -31,7 +31,8 @@ def headline(data: ReportData) -> str:
 def page(data: ReportData) -> Page:
     notes = missing_notes(data, "ddp_weak", VARIANTS, data.measured) + \
         missing_notes(data, "ddp_strong", VARIANTS, data.measured)
-    return Page("input_pipeline", CHAPTER.title, prose("input_pipeline"), figures=[figure(FIGURES[0], headline(data), notes)])
+    return Page("input_pipeline", CHAPTER.title, prose("input_pipeline"),
+                figures=[figure(FIGURES[0], headline(data), notes)])
 
 
 CHAPTER = Chapter("input_pipeline", "Input pipeline: the book's DataLoader against the resize cache", FIGURES, (), page)

@@ -26,7 +26,8 @@ def fsdp_rows(m: Machine) -> list[dict]:
             rows.append({"machine": m.name, "k": k, "status": "ok", "reason": "", "wrapper": name.upper(),
                          **{n: biggest.get(n) for n in STATE}, "state_MiB_per_rank": d.get("state_MiB_per_rank"),
                          "peak_mem_MiB_max": d.get("peak_mem_MiB_max"), "samples_per_s": d.get("samples_per_s"),
-                         "state_ratio_fsdp_over_ddp": metric(r, "state_ratio_fsdp_over_ddp") if name == "fsdp" else None})
+                         "state_ratio_fsdp_over_ddp":
+                             metric(r, "state_ratio_fsdp_over_ddp") if name == "fsdp" else None})
     return rows
 
 
@@ -53,8 +54,8 @@ def headline(data: ReportData) -> str:
 def page(data: ReportData) -> Page:
     return Page("memory", CHAPTER.title, prose("memory"),
                 figures=[figure(FIGURES[0], headline(data), missing_notes(data, "fsdp"))],
-                tables=[records_table("fsdp", "FSDP against DDP, per k", [r for m in data.measured for r in fsdp_rows(m)],
-                                      FSDP_COLUMNS),
+                tables=[records_table("fsdp", "FSDP against DDP, per k",
+                                      [r for m in data.measured for r in fsdp_rows(m)], FSDP_COLUMNS),
                         records_table("zero_sizing", "ZeRO sizing, 7B parameters on 8 x 80 GB (exercise 5)",
                                       zero_rows(data), ZERO_COLUMNS),
                         jobs_table(data, "memory")])

@@ -117,8 +117,9 @@ def page(data: ReportData) -> Page:
                  figure(eff, "Scaling efficiency, " + eff_head, notes)],
         tables=[side_by_side(data, "ddp_weak", False, "weak_side", "Weak scaling, in the book's form"),
                 side_by_side(data, "ddp_strong", True, "strong_side", "Strong scaling, in the book's form"),
-                records_table("scaling", "Every throughput, DDP and JAX: the book's figure (first timed epoch), the mean "
-                              "over the timed epochs with its 95% interval, speedup and efficiency with theirs",
+                records_table("scaling", "Every throughput, DDP and JAX: the book's figure (first timed "
+                              "epoch), the mean over the timed epochs with its 95% interval, speedup and "
+                              "efficiency with theirs",
                               detail_records(data), DETAILS),
                 jobs_table(data, "scaling")],
         pre=[("What each series would print, in the book's words",

@@ -26,7 +26,8 @@ def _probe_panel(ax, data: ReportData, m: Machine) -> None:
             v, y = row.get(key), gi + (bi - 1.5) * 0.2
             if v is None or (key == "pred_book_ms" and m.kind != "book"):   # the book's beta: its own box only
                 continue
-            err = [[v - row["comm_lo"]], [row["comm_hi"] - v]] if key == "comm_ms" and row["comm_lo"] is not None else None
+            measured = key == "comm_ms" and row["comm_lo"] is not None
+            err = [[v - row["comm_lo"]], [row["comm_hi"] - v]] if measured else None
             ax.barh(y, v, 0.19, color=color if hatch is None else "white", ec=color, hatch=hatch, xerr=err, capsize=2)
             ax.text(max(v, 0), y, f" {fmt_num(v)}", va="center", fontsize=9)
     ax.set_yticks(range(len(rows)), [f"k={r['k']}" for r in rows])
@@ -74,7 +75,8 @@ def _allreduce_series(ax, axt, data: ReportData, m: Machine, used: set) -> None:
                 continue
             style = dict(ls="-" if v == "default" else "--", marker=kit.K_MARKER.get(k, "v"), color=color, capsize=3)
             bounds = [_busbw_bounds(p) for p in pts]
-            kit.errorbars(ax, mib, [p["busbw_GBps"] for p in pts], [b[0] for b in bounds], [b[1] for b in bounds], **style)
+            kit.errorbars(ax, mib, [p["busbw_GBps"] for p in pts], [b[0] for b in bounds], [b[1] for b in bounds],
+                          **style)
             ivs = [p.get("time_us_ci95") or (None, None) for p in pts]
             kit.errorbars(axt, mib, [p["time_us"] for p in pts], [i[0] for i in ivs], [i[1] for i in ivs], **style)
             bad = [p for p in pts if p.get("wrong")]
