@@ -1,17 +1,18 @@
 #!/bin/bash
 # A GPU run of the pipeline on a machine without network, as used for reference/h200:
-#   [KS='[1,2]'] [TARGETS='...'] bash tools/gpu/run.sh SECONDS [snakemake args]
+#   [KS='[1,2]'] [TARGETS='...'] [DPSCALE_GIT_COMMIT=sha] bash tools/gpu/run.sh SECONDS [snakemake args]
 # installs Snakemake from .whl/ (tools: ../shared/tools/device-wheels.sh), runs
-# `snakemake TARGETS` (default: report) for at most SECONDS, prints one line per
-# result and leaves everything as $OUT/results.tgz.
+# `snakemake TARGETS` (default: report) for at most SECONDS, prints its wall time and
+# one line per result, and leaves everything as $OUT/results.tgz. A copy of the tree
+# without .git names its commit through DPSCALE_GIT_COMMIT (dpscale.provenance).
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-.}
 mkdir -p /tmp/bin; command -v python >/dev/null || ln -sf "$(command -v python3)" /tmp/bin/python; export PATH=/tmp/bin:$PATH
 python3 -c "import snakemake" 2>/dev/null || python3 -m pip install -q --no-index --find-links .whl snakemake==9.27.1 2>&1 | tail -1
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader; env | grep -E "^(NCCL|NVSHMEM|TORCH_SYMM)" | sort | tr '\n' ' '; echo
-echo "$ snakemake --cores 16 ${TARGETS:-report} --config "ks=${KS:-[1]}" ${*:2}"
+echo "$ snakemake --cores 16 ${TARGETS:-report} --config ks=${KS:-[1]} ${*:2}"
+t0=$(date +%s)
 timeout -s INT --kill-after=30 "$1" snakemake --cores 16 ${TARGETS:-report} --config "ks=${KS:-[1]}" "${@:2}" > $OUT/smk.log 2>&1
-echo "snakemake rc=$?"; grep -E "steps \(|Error|error:|Nothing to be done" $OUT/smk.log | tail -6
+echo "snakemake rc=$? after $(( $(date +%s) - t0 )) s"; grep -E "steps \(|Error|error:|Nothing to be done|failed" $OUT/smk.log | tail -6
 python3 tools/gpu/summary.py
-grep -h "capture\|epoch 1\|per-step pass" logs/*/*/k1.log 2>/dev/null | tail -20
 tar czf $OUT/results.tgz results/runs results/fingerprint.json results/data/*.json results/model results/report logs .snakemake/log 2>/dev/null; ls -la $OUT

@@ -1,9 +1,21 @@
-"""One line per result JSON under results/runs: status, reason, the headline metrics."""
-import glob, json
+"""One line per result JSON under results/runs: status, reason, the headline metrics,
+and the spread over repeats where a result has one (dpscale.stats)."""
+import glob
+import json
+import sys
+
+sys.path.insert(0, "src")
+from dpscale import stats  # noqa: E402
+
+KEYS = ("samples_per_s", "samples_per_s_per_device", "mfu", "roofline_fraction", "step_ms_median", "synced_ms",
+        "no_sync_ms", "comm_ms", "comm_ms_ci95", "pred_flat_ms", "busbw_GBps_64MiB", "avg_busbw_GBps", "correct",
+        "hung_after_s", "best_bucket_cap_MiB", "cuda_graph", "cuda_graph_error", "bf16_matmul_peak_TFLOPs",
+        "state_ratio_fsdp_over_ddp", "n_allreduce", "rel_diff", "passed", "broken_flagged", "peak_mem_MiB")
 for p in sorted(glob.glob("results/runs/*/*/k*.json")):
-    r = json.load(open(p)); m = r["metrics"]
-    pick = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in m.items()
-            if k in ("samples_per_s", "samples_per_s_per_device", "mfu", "step_ms_median", "synced_ms", "no_sync_ms", "comm_ms",
-                     "pred_flat_ms", "busbw_GBps_64MiB", "busbw_GBps_256MiB", "busbw_GBps_max", "correct", "hung_after_s",
-                     "best_bucket_cap_MiB", "cuda_graph", "cuda_graph_error", "bf16_matmul_peak_TFLOPs", "state_ratio_fsdp_over_ddp", "n_allreduce", "rel_diff", "passed", "broken_flagged", "peak_mem_MiB")}
-    print(p[13:], r["status"], (r.get("reason") or "")[:80], json.dumps(pick))
+    r = json.load(open(p))
+    m = r["metrics"]
+    pick = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in m.items() if k in KEYS}
+    if len(m.get("samples_per_s_repeats") or []) >= 2:
+        iv = stats.interval(m["samples_per_s_repeats"])
+        pick["repeats"] = f"n={iv['n']} median {iv['median']:.0f} [{iv['ci_lo']:.0f}, {iv['ci_hi']:.0f}] cv {iv['cv']:.2%}"
+    print(p[13:], r["status"], (r.get("reason") or "")[:100], json.dumps(pick))
