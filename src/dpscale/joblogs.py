@@ -14,6 +14,9 @@ EXCEPTION = re.compile(r"^(?:\[[\w-]+\]:)?\s*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*"
                        r"(?:Error|Exception|Interrupt|Exit|Failure|Timeout)\b(?::.*)?)$")
 # torchrun's summary of a failed job: "Root Cause (first observed failure): ... rank : 1 (local_rank: 1)"
 ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)", re.S)
+# What a rank raises because another one failed: not the cause.
+PEER_FAILURE = re.compile(r"Connection (closed|reset) by peer|Read error|remote worker|Broken pipe|"
+                          r"communicator was aborted|Signal 15|SIGTERM", re.I)
 NOISE = ("=====", "[watchdog]")
 
 
@@ -39,17 +42,21 @@ def rank_label(log: Path, prefix: Path) -> str:
 
 
 def failure_reason(job_log: str, rank_logs: dict[str, str], exit_code: int | None) -> str:
-    """One line: the exception that failed the job, and where. torchrun names the rank
-    that failed first (the others often fail after it, of a broken connection); that
-    rank's exception, else the last exception of any rank, else of the job's output."""
+    """One line: the exception that failed the job, and where. When one rank fails,
+    the others fail after it of a broken connection (PEER_FAILURE): the first rank
+    whose exception is not of that kind, torchrun's "first observed failure" first
+    (which is a race: it may be a rank that failed second); else any rank's; else the
+    exception of the job's output."""
     code = f"exit code {exit_code}" if exit_code is not None else "no exit code"
     root = ROOT_CAUSE.search(job_log)
     order = list(rank_logs)
     if root and f"rank {root.group(1)}" in rank_logs:
         order.insert(0, order.pop(order.index(f"rank {root.group(1)}")))
-    for label in order:
-        if line := exception_line(rank_logs[label]):
-            return f"{line} ({label}; {code})"
+    found = [(label, line) for label in order if (line := exception_line(rank_logs[label]))]
+    causes = [f for f in found if not PEER_FAILURE.search(f[1])] or found
+    if causes:
+        label, line = causes[0]
+        return f"{line} ({label}; {code})"
     if line := exception_line(job_log):
         return f"{line} ({code})"
     last = tail(job_log, 1)
