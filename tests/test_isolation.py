@@ -67,18 +67,23 @@ def test_is_snakemake_by_its_program_not_a_word_in_its_arguments():
     assert not lifeline.is_snakemake(["python", "scripts/watchdog.py", "--spec", "snakemake"])
 
 
-def test_watchdog_kills_the_job_when_its_parent_dies(tmp_path):
-    """A stand-in for Snakemake's job shell starts the watchdog, then dies by SIGKILL:
-    the watchdog notices the changed chain, kills the job's group (a child that
-    ignores SIGTERM, and its child) and exits."""
-    pids = tmp_path / "pids"
+def start_under_a_stand_in_shell(tmp_path: Path, cmd: list[str]) -> tuple[subprocess.Popen, int]:
+    """A stand-in for Snakemake's job shell that starts `cmd` (its output to k.log);
+    returns the shell and the pid of `cmd`."""
     starter = ("import subprocess, sys, time; "
                "p = subprocess.Popen(sys.argv[2:], stdout=open(sys.argv[1], 'w'), stderr=subprocess.STDOUT); "
                "print(p.pid, flush=True); time.sleep(600)")
-    cmd = watchdog_cmd(tmp_path, FAKE, sys.executable, "-c", STUBBORN, str(pids))
     shell = subprocess.Popen([sys.executable, "-c", starter, str(tmp_path / "k.log"), *cmd],
                              stdout=subprocess.PIPE, text=True, env=env_with_src())
-    watchdog = int(shell.stdout.readline())
+    return shell, int(shell.stdout.readline())
+
+
+def test_watchdog_kills_the_job_when_its_parent_dies(tmp_path):
+    """The job's shell dies by SIGKILL: the watchdog notices the changed chain, kills
+    the job's group (a child that ignores SIGTERM, and its child) and exits."""
+    pids = tmp_path / "pids"
+    shell, watchdog = start_under_a_stand_in_shell(
+        tmp_path, watchdog_cmd(tmp_path, FAKE, sys.executable, "-c", STUBBORN, str(pids)))
     wait_until(lambda: pids.exists() and pids.read_text(), 60)
     job = [int(p) for p in pids.read_text().split()]
     os.kill(shell.pid, signal.SIGKILL)
@@ -88,6 +93,18 @@ def test_watchdog_kills_the_job_when_its_parent_dies(tmp_path):
     assert "no one waits for this job any more" in log and "re-parented" in log, log
     assert not (tmp_path / "k.json").exists()   # nothing recorded: the next run redoes it
     print(f"job gone {took:.1f} s after its parent")
+
+
+def test_a_watchdog_waiting_for_its_devices_gives_up_when_its_parent_dies(tmp_path):
+    with devices.try_acquire(["cpu-0"], tmp_path / "locks", "other/job/k1"):
+        shell, watchdog = start_under_a_stand_in_shell(
+            tmp_path, watchdog_cmd(tmp_path, FAKE, sys.executable, "-c", "print('ran')", wait_s=600))
+        wait_until(lambda: "waiting up to 600 s for cpu-0" in (tmp_path / "k.log").read_text(), 30)
+        shell.kill()
+        shell.wait()
+        wait_until(lambda: gone(watchdog), 5)
+    log = (tmp_path / "k.log").read_text()
+    assert "gave up waiting for its devices" in log and "ran" not in log, log
 
 
 def test_a_worker_dies_with_its_parent(tmp_path):

@@ -38,6 +38,10 @@ class DevicesBusy(RuntimeError):
     """Another process held a device for longer than the wait allowed."""
 
 
+class GaveUp(RuntimeError):
+    """The wait was given up (no one wants the job any more)."""
+
+
 def device_names(spec: dict, env: dict | None = None) -> list[str]:
     """The devices a job uses on this node: k of them, or on a multi-node job this
     node's gpus_per_node."""
@@ -144,9 +148,10 @@ def try_acquire(names: list[str], lock_dir: str | os.PathLike, job: str) -> Held
 
 
 def acquire(names: list[str], lock_dir: str | os.PathLike | None, wait_s: float, job: str,
-            say=print, poll_s: float = 1.0) -> Held:
+            say=print, poll_s: float = 1.0, give_up=None) -> Held:
     """try_acquire until it succeeds, at most `wait_s` seconds; says once who holds
-    what it waits for. Raises DevicesBusy naming the holder, LockError."""
+    what it waits for. give_up() (polled) returns a reason to stop waiting, or None.
+    Raises DevicesBusy naming the holder, GaveUp, LockError."""
     lock_dir = lock_dir or DEFAULT_DIR
     deadline = time.monotonic() + wait_s
     told = False
@@ -154,6 +159,8 @@ def acquire(names: list[str], lock_dir: str | os.PathLike | None, wait_s: float,
         got = try_acquire(names, lock_dir, job)
         if isinstance(got, Held):
             return got
+        if give_up and (why := give_up()):
+            raise GaveUp(why)
         who = describe(*got)
         if time.monotonic() >= deadline:
             raise DevicesBusy(f"devices busy: {who} for more than {wait_s:g} s; wait for it to end "

@@ -262,10 +262,14 @@ def run(job: Job, args, cmd: list[str]) -> int:
         cmd, env = prepare(job, cmd)
     except RuntimeError as e:
         return job.fail(str(e))
-    try:
-        held = devices.acquire(devices.device_names(spec, env), args.lock_dir, args.lock_wait_s, job.label)
+    try:   # a wait for the locks is given up, too, when no one waits for the job
+        held = devices.acquire(devices.device_names(spec, env), args.lock_dir, args.lock_wait_s, job.label,
+                               give_up=ancestry.broken)
     except (devices.DevicesBusy, devices.LockError) as e:
         return job.fail(str(e))
+    except devices.GaveUp as e:
+        print(f"[watchdog] no one waits for this job any more: {e}; gave up waiting for its devices", flush=True)
+        return 1
     limit, grace = float(spec["limit_s"]), float(spec.get("grace_s", 15))
     pipe = env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") if job.trace_prefix else None
     with held:
@@ -296,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(job, args, cmd)
     except (KeyboardInterrupt, Stop) as e:
-        print(f"[watchdog] stopped ({type(e).__name__} {e}): process group killed, nothing recorded",
+        print(f"[watchdog] stopped ({type(e).__name__} {e}): its processes killed, nothing recorded",
               file=sys.stderr, flush=True)
         return 130 if isinstance(e, KeyboardInterrupt) else 143
     finally:
