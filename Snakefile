@@ -55,3 +55,14 @@ rule all:
     default_target: True
     input:
         rules.report.output,
+
+
+# One line per planned measurement that left no number (dpscale.results), at the end.
+onsuccess:
+    if _summary := results.failure_summary(TARGETS):
+        logger.warning(_summary)
+
+
+onerror:
+    if _summary := results.failure_summary(TARGETS):
+        logger.warning(_summary)

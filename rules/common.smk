@@ -12,12 +12,14 @@ from dpscale import (
     launch,
     provenance,
     registry,
+    results,
     specs,
 )
 
 try:
     FP = dsfp.load(config["hardware_file"]) if config["hardware_file"] else dsfp.probe()
     RESOLVED = dsconfig.resolve(config, FP)
+    LOCKS = dsconfig.resolve_locks(config, RESOLVED["scale"])
 except ValueError as e:  # ConfigError, a bad hardware_file: one line, no traceback
     sys.exit(f"Invalid configuration: {e}")
 
@@ -44,6 +46,10 @@ INPUT_FILES = {
     "flops": FLOPS.format(size=SIZE),
 }
 TARGETS = specs.targets(RESOLVED)
+if workflow.is_main_process:
+    for _target in TARGETS:
+        if _why := results.last_failure(_target):
+            logger.info(f"{_target}: the last attempt failed ({_why}); it runs again")
 # Entry points, passed to each job as params.scripts (lint: no globals in shell).
 # Resolved from the workflow's own folder, so `snakemake -d elsewhere` finds them, and
 # written relative to the working folder: a params value, so an absolute path would
@@ -85,6 +91,29 @@ def spec_of(exp):
         return specs.dumps(job)
 
     return spec
+
+
+def retry_of(exp):
+    """How many attempts at the job's result failed so far: a params value, so that a
+    failed record is never up to date and a plain rerun retries exactly those jobs."""
+
+    # Why a count, read before the run, and not a mark on the failed record:
+    # - Snakemake records params as they were when the DAG was built, before the job
+    #   ran. A token "the record failed" would be recorded by the retry, and differ
+    #   again once the record is ok: one more, needless rerun after every retry. The
+    #   count (one line per failed attempt in k<k>.failures, results.record_failure)
+    #   changes only when an attempt fails, so each failure reruns its job once.
+    # - An epoch mtime on the record does not work: Snakemake 9 touches a job's
+    #   outputs when it ends (dag.check_and_touch_output), and its mtime trigger skips
+    #   an input that is newer but has the checksum it recorded (allreduce reads one
+    #   small JSON, the resize cache's sidecar).
+    # Checked with Snakemake 9.27: tests/test_isolation.py's crash test dry-runs
+    # exactly the failed job after the failure, and nothing after its retry.
+    def retry(wildcards):
+        target = specs.target(exp.name, wildcards.variant, wildcards.k)
+        return f"failed attempts: {results.failed_attempts(target)}"
+
+    return retry
 
 
 def code_of(exp):
@@ -142,7 +171,10 @@ def cpus_of(wildcards):
 
 
 # `resources: **MEASURE` in every measurement rule. tasks_per_gpu=0: without it
-# the plugin turns `tasks` into --ntasks-per-gpu as well, on a GPU job.
+# the plugin turns `tasks` into --ntasks-per-gpu as well, on a GPU job. lock_dir and
+# lock_wait_s reach the watchdog (dpscale.devices) as resources, not params: changing
+# them must not rerun a measurement. No executor reads them (the SLURM plugin maps
+# only names it knows; a job step gets lock_wait_s as --resources, which it meets).
 MEASURE = dict(
     gpu=gpus_of,
     gres=gres_of,
@@ -151,6 +183,8 @@ MEASURE = dict(
     tasks_per_gpu=0,
     mpi=mpi_of,
     measure=1,
+    lock_dir=LOCKS["dir"],
+    lock_wait_s=LOCKS["wait_s"],
 )
 if not HAS_GPUS:
     MEASURE["cpus_per_task"] = cpus_of  # with GPUs, the profile's cpus_per_gpu applies

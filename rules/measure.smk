@@ -2,8 +2,10 @@
 # named after it, one JSON out per variant and k. Each runs under the watchdog, which
 # starts the experiment's worker (dpscale.launch.worker_command: torchrun with one
 # process per device and rank logs beside the job's log, or one JAX process that sees
-# k devices; srun + one torchrun agent per node when k spans nodes) and records a
-# skipped or hung run instead of leaving nothing behind.
+# k devices; srun + one torchrun agent per node when k spans nodes) once it holds
+# its devices' locks, and records a skipped, hung or failed run instead of leaving
+# nothing behind: a failed job does not stop the workflow, the report shows it, and
+# a plain rerun retries it (params.retry).
 for _exp in registry.EXPERIMENTS.values():
 
     rule:
@@ -26,6 +28,8 @@ for _exp in registry.EXPERIMENTS.values():
             scripts=SCRIPTS,
             spec=spec_of(_exp),
             code=code_of(_exp),
+            retry=retry_of(_exp),
         shell:
             "python {params.scripts}/watchdog.py --spec {params.spec:q} --result {output.json}"
-            " --rank-logs {log}.ranks > {log} 2>&1"
+            " --rank-logs {log}.ranks --lock-dir {resources.lock_dir:q}"
+            " --lock-wait-s {resources.lock_wait_s} > {log} 2>&1"

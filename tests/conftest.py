@@ -68,10 +68,14 @@ def make_spec(tiny_data, experiment, k, variant="default", limit_s=120, proto=No
     return specs.job_spec(resolved, fp or CPU_FP, experiment, variant, k, {**base, **(inputs or {})})
 
 
-def run_job(spec: dict, out_dir: Path, fault: str = "", timeout: float = 240):
-    """Run one measurement job the way the rule does; return (rc, result-or-None, log text)."""
+def run_job(spec: dict, out_dir: Path, fault: str = "", timeout: float = 240,
+            lock_dir: Path | None = None, lock_wait_s: float = 60):
+    """Run one measurement job the way the rule does; return (rc, result-or-None, log text).
+    Its device locks go to lock_dir, by default a folder of its own: jobs that tests
+    start side by side must not wait for each other (nor for the host's real jobs)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     result, log = out_dir / "k.json", out_dir / "k.log"
+    locks = ["--lock-dir", str(lock_dir or out_dir / "locks"), "--lock-wait-s", str(lock_wait_s)]
     s = specs.dumps(spec)
     if spec["experiment"].startswith("jax"):
         inner = [sys.executable, str(ROOT / "scripts/jax_worker.py")]
@@ -80,7 +84,7 @@ def run_job(spec: dict, out_dir: Path, fault: str = "", timeout: float = 240):
                  f"--nproc-per-node={spec['k']}", "--log-dir", f"{log}.ranks", "--redirects", "3",
                  "--tee", "3", str(ROOT / "scripts/torch_worker.py")]
     cmd = [sys.executable, str(ROOT / "scripts/watchdog.py"), "--spec", s, "--result", str(result),
-           "--rank-logs", f"{log}.ranks", "--", *inner, "--spec", s, "--result", str(result)]
+           "--rank-logs", f"{log}.ranks", *locks, "--", *inner, "--spec", s, "--result", str(result)]
     env = env_with_src()
     if fault:
         env["DPSCALE_FAULT"] = fault
@@ -112,8 +116,8 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
-def smk(cwd, *args, check=True, timeout=900):
-    p = subprocess.run([SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+def smk(cwd, *args, check=True, timeout=900, env=None):
+    p = subprocess.run([SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
     if check and p.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
     return p

@@ -141,9 +141,10 @@ def test_corrupted_cache_fails_the_job_naming_it(tiny_data, tmp_path):
     npz.write_bytes(bytes(blob))
     spec = make_spec(root, "ddp_weak", 1, "cached")
     rc, res, log = run_job(spec, tmp_path / "job")
-    assert rc != 0 and res is None
+    assert rc == 0 and res["status"] == "failed", log
     rank0 = (tmp_path / "job/k.rank0.log").read_text()
     assert "fmnist_16px.npz" in rank0 and "--forcerun resize" in rank0
+    assert "fmnist_16px.npz" in res["reason"] and "rank 0" in res["reason"], res["reason"]
 
 
 # ---------------------------------------------------------------- 4. ranks die or hang
@@ -157,8 +158,13 @@ def test_rank_crash_fails_job_with_log(tiny_data, tmp_path, experiment):
     variant = "cached" if experiment.startswith("ddp_") and "probe" not in experiment and "sweep" not in experiment else "default"
     spec = make_spec(tiny_data, experiment, 2, variant, inputs={"allreduce": {}})
     rc, res, log = run_job(spec, tmp_path, fault="crash:rank=1")
-    assert rc != 0 and res is None
     assert "injected fault: rank 1 crashes at step" in (tmp_path / "k.rank1.log").read_text()
+    # recorded, not raised: the watchdog exits 0 so that the report still builds
+    assert rc == 0 and res["status"] == "failed", log
+    assert res["reason"].startswith("RuntimeError: injected fault: rank 1 crashes at step (rank 1; exit code"), res
+    assert res["log"] == str(tmp_path / "k.log") and res["exit_code"] != 0
+    assert str(tmp_path / "k.rank1.log") in res["rank_logs"] and res["rank_tails"]["rank 1"] and res["log_tail"]
+    assert (tmp_path / "k.failures").read_text().count("\n") == 1   # what makes a plain rerun retry it
 
 
 HANG_LIMIT_S = 60   # six jobs start side by side on two cores: start-up alone takes ~20 s

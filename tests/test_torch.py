@@ -137,13 +137,12 @@ def test_k_above_devices_is_skipped(tiny_data, tmp_path):
     assert "k=4 needs 4 devices" in res["reason"]
 
 
-def test_crashed_rank_fails_job_keeps_log_leaves_no_json(tiny_data, tmp_path):
+def test_crashed_rank_is_recorded_failed_and_keeps_log(tiny_data, tmp_path):
     rc, res, log = run_job(make_spec(tiny_data, "ddp_weak", 2, "cached"), tmp_path, fault="crash:rank=1")
-    assert rc != 0
-    assert res is None and not (tmp_path / "k.json").exists()
+    assert rc == 0 and res["status"] == "failed" and res["metrics"] == {}   # no number, a reason
     rank1 = (tmp_path / "k.rank1.log").read_text()
-    assert "injected fault: rank 1 crashes" in rank1
-    assert "torchrun exited" in log
+    assert "injected fault: rank 1 crashes" in rank1 and "injected fault" in res["reason"]
+    assert "[watchdog] recorded failed: RuntimeError: injected fault" in log
 
 
 def _pids_of(marker: str) -> list[int]:

@@ -237,8 +237,8 @@ def test_watchdog_kills_the_whole_group(tmp_path):
     spec = {"experiment": "allreduce", "variant": "default", "k": 2, "backend": "gloo",
             "limit_s": 1.5, "grace_s": 0.5}
     t0 = time.monotonic()
-    rc = main(["--spec", json.dumps(spec), "--result", str(tmp_path / "r.json"),
-               "--rank-logs", str(tmp_path / "r.ranks"), "--", sys.executable, "-c", script])
+    rc = main(["--spec", json.dumps(spec), "--result", str(tmp_path / "r.json"), "--rank-logs",
+               str(tmp_path / "r.log.ranks"), "--lock-dir", str(tmp_path / "locks"), "--", sys.executable, "-c", script])
     assert rc == 0 and time.monotonic() - t0 < 15
     r = json.loads((tmp_path / "r.json").read_text())
     assert r["status"] == "hung" and r["stray_processes"] is False

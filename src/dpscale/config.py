@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from . import launch, registry
+from .devices import DEFAULT_DIR as DEFAULT_LOCK_DIR
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 
@@ -72,6 +73,23 @@ def resolve(config: dict, fp: dict) -> dict:
     return {"scale": scale, "requested_scale": config["scale"], "protocol": proto, "ks": ks,
             "tuned": bool(tuned), "watchdog": wd, "experiments": experiments(config["experiments"]),
             "cluster": cluster}
+
+
+def resolve_locks(config: dict, scale: str) -> dict:
+    """{"dir": the lock folder, "wait_s": seconds} of the per-device locks (dpscale.devices).
+    Not part of resolve()'s result on purpose: that is a params value of the report, and
+    these must not be rerun triggers (the rules pass them as resources)."""
+    locks = config.get("locks") or {}
+    d = locks.get("dir") or DEFAULT_LOCK_DIR
+    if not Path(d).is_absolute():
+        raise ConfigError(f"locks.dir: {d!r} is relative; give an absolute path, one folder for every "
+                          f"workflow folder of the host (default {DEFAULT_LOCK_DIR})")
+    if Path(d).exists() and not Path(d).is_dir():
+        raise ConfigError(f"locks.dir: {d!r} exists and is not a folder")
+    wait = locks.get("wait_s", "auto")
+    if wait == "auto":
+        wait = 1800 if scale == "paper" else 300
+    return {"dir": d, "wait_s": int(wait)}
 
 
 def experiments(value) -> list[str]:

@@ -129,3 +129,54 @@ def write_result(spec: dict, path: str | os.PathLike, metrics: dict, started_utc
                          code=provenance.code_record(registry.get(spec["experiment"]).sources))
     write_json_atomic(path, result)
     return result
+
+
+# ---------------------------------------------------------------- failed attempts
+
+def failures_path(result: str | os.PathLike) -> Path:
+    """Beside results/runs/<exp>/<variant>/k<k>.json, k<k>.failures: one line per
+    failed attempt, appended by the watchdog, never rewritten."""
+    return Path(result).with_suffix(".failures")
+
+
+def record_failure(result: str | os.PathLike, reason: str) -> None:
+    with open(failures_path(result), "a") as f:
+        f.write(f"{utc_now()} {' '.join(reason.split())}\n")
+
+
+def failed_attempts(result: str | os.PathLike) -> int:
+    """How many attempts at this result failed so far (0 when none did)."""
+    try:
+        with open(failures_path(result)) as f:
+            return sum(1 for _ in f)
+    except FileNotFoundError:
+        return 0
+
+
+def failure_summary(paths) -> str | None:
+    """One line per planned result that holds no number (failed, hung), for the end
+    of a run; None when every one holds a number."""
+    rows = []
+    for path in paths:
+        try:
+            r = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+        if r.get("status") in ("failed", "hung"):
+            log = f" (log {r['log']})" if r.get("log") else ""
+            rows.append(f"  {r['experiment']}/{r['variant']}/k{r['k']} {r['status']}: {r.get('reason')}{log}")
+    if not rows:
+        return None
+    return (f"{len(rows)} measurement(s) failed or hung; a plain rerun retries the failed ones "
+            "(a hung one is a result: --forcerun its rule to try again):\n" + "\n".join(rows))
+
+
+def last_failure(result: str | os.PathLike) -> str | None:
+    """The reason of the record at `result` when it is a failed attempt, else None."""
+    if not failures_path(result).exists():
+        return None
+    try:
+        r = json.loads(Path(result).read_text())
+    except (OSError, ValueError):
+        return None
+    return r.get("reason") if r.get("status") == "failed" else None

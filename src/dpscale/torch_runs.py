@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import costmodel, data as dsdata, registry
+from . import costmodel, data as dsdata, launch, registry
 from .models import residual_stages, torch_flops_per_sample, torch_resnet18
 from .results import load_result, utc_now, write_result
 from .timing import StepTimer, summary, sync
@@ -39,10 +39,13 @@ class Ctx:
         print(f"[rank {self.rank}/{self.world} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
     def maybe_fault(self, where: str):
-        """Test hook (DPSCALE_FAULT=crash|hang[:rank=R][:at=WHERE]): make one rank
-        crash or stop calling collectives, so tests can see the job fail or hang."""
+        """Test hook (DPSCALE_FAULT=crash|hang[:rank=R][:at=WHERE][:job=EXP/VARIANT/kK]):
+        make one rank crash or stop calling collectives, so tests can see the job fail
+        or hang; with job=, only in that one job of a workflow run."""
         f = self.fault
-        if f and f.get("rank", 1) == self.rank and f.get("at", "step") == where:
+        job = f"{self.spec['experiment']}/{self.spec['variant']}/k{self.spec['k']}"
+        if (f and f.get("rank", 1) == self.rank and f.get("at", "step") == where
+                and f.get("job", job) == job):
             if f["kind"] == "crash":
                 raise RuntimeError(f"injected fault: rank {self.rank} crashes at {where}")
             if f["kind"] == "hang":
@@ -588,7 +591,8 @@ def run(spec: dict, result_path: str) -> None:
         torch.cuda.set_device(ctx.device)
     torch.set_float32_matmul_precision("high")
     torch.backends.cudnn.benchmark = True
-    timeout = _dt.timedelta(seconds=float(spec["limit_s"]))
+    # before the watchdog's outer kill, so the rank that waits reports the hang
+    timeout = _dt.timedelta(seconds=launch.pg_timeout_s(float(spec["limit_s"])))
     kwargs = {"device_id": ctx.device} if ctx.cuda else {}
     dist.init_process_group(spec["backend"], timeout=timeout, **kwargs)
     try:

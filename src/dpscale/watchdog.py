@@ -1,73 +1,157 @@
-"""Run a torchrun job under a watchdog.
+"""Run one measurement under a watchdog, and always leave a record of how it ended.
 
 torchrun restarts and tears down ranks, but nothing in it bounds a job whose
-collective never returns (the memcpy switch is known to wedge DDP): the
-process-group timeout covers a collective that times out cleanly, not a rank
-stuck in a kernel or a launcher waiting on it. So this wrapper puts the whole
-job in its own process group, kills the group at the limit (SIGTERM, then
-SIGKILL after a grace period), and records the run as `hung`; a rank that
-crashes fails the job with its log kept and no result file left.
+collective never returns (the memcpy switch is known to wedge DDP), nothing ties it
+to the Snakemake run that wants its result, and nothing keeps another measurement
+off its GPUs. So this wrapper:
+
+- takes a file lock per device the job uses (dpscale.devices), waiting up to
+  locks.wait_s for a holder to finish, and records `failed: devices busy` if it
+  does not;
+- starts the worker (dpscale.launch.worker_command) in its own process group, tied
+  to this process by PR_SET_PDEATHSIG, with the lock descriptors passed on;
+- polls: if the job's shell or Snakemake dies (dpscale.lifeline.Ancestry), it kills
+  the group at once and exits, recording nothing (the next run redoes the job, which
+  Snakemake marked incomplete); at the limit it kills the group and records `hung`;
+- records `failed` (reason = the exception that ended it, exit code, log path, last
+  log lines) for a worker that exits non-zero, and `hung` for one whose rank timed
+  out (NCCL: the collective and the ranks that never arrived, from the flight
+  recorder). Either way it exits 0, so the rest of the workflow and the report run;
+  a failed record is never up to date: a plain rerun retries it (rules/common.smk).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import launch
-from .results import make_result, write_json_atomic
+from . import devices, flight, joblogs, launch, lifeline
+from .results import make_result, record_failure, utc_now, write_json_atomic
 
-TIMEOUT_MARKERS = re.compile(
-    r"Watchdog caught collective operation timeout|Timed out waiting|timed out after|"
-    r"operation timed out|DistBackendError.*[Tt]imeout|Socket Timeout", re.S)
+POLL_S = 0.5          # how soon a dead Snakemake or a finished worker is noticed
+ORPHAN_GRACE_S = 3    # SIGTERM -> SIGKILL when no one waits for the job: all gone within 10 s
+LOG_TAIL = 30         # lines of the job's log kept in a failed or hung record
+RANK_TAIL = 10        # lines of each rank's log
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+class Stop(Exception):
+    """SIGTERM or SIGHUP: Snakemake (or a person) stops the job."""
+
+
+def _raise_stop(signum, frame):
+    raise Stop(signal.Signals(signum).name)
 
 
 def _die_with_parent() -> None:
     """In the child, before exec: get SIGTERM when the watchdog dies, even by SIGKILL.
-    The job runs in its own session (so a hang can be killed as a group), which
-    also means killing Snakemake's group would not reach it; torchrun turns the
-    SIGTERM into an orderly teardown of its ranks."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass   # not Linux: no parent-death signal, the group kill still works
+    The job runs in its own session (so a hang can be killed as a group), which also
+    means killing Snakemake's group would not reach it; torchrun turns the SIGTERM
+    into an orderly teardown of its ranks (and each rank dies with torchrun)."""
+    lifeline.set_parent_death_signal(signal.SIGTERM)
 
 
-def kill_group(pgid: int, grace_s: float) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+@dataclass
+class Job:
+    """One measurement's paths and what every record of it carries."""
+    spec: dict
+    result: Path
+    rank_dir: Path     # torchrun --log-dir, flattened and removed at the end
+    log: Path          # the job's log, which the rule sends our output to
+    prefix: Path       # flattened rank logs: <prefix>.rank<r>.log
+    trace_prefix: str | None = None   # NCCL flight-recorder dumps: <trace_prefix><rank>
+    started_utc: str = field(default_factory=utc_now)
+
+    @classmethod
+    def of(cls, spec: dict, result: str, rank_logs: str) -> Job:
+        log = Path(str(rank_logs).removesuffix(".ranks"))
+        return cls(spec, Path(result), Path(rank_logs), log, Path(str(log).removesuffix(".log")))
+
+    @property
+    def label(self) -> str:
+        return f"{self.spec['experiment']}/{self.spec['variant']}/k{self.spec['k']}"
+
+    def write(self, status: str, reason: str | None, **extra) -> None:
+        s = self.spec
+        write_json_atomic(self.result, make_result(
+            experiment=s["experiment"], variant=s["variant"], k=s["k"], backend=s["backend"],
+            config=s.get("config"), fingerprint=s.get("fingerprint"), env=s.get("env", {}),
+            status=status, reason=reason, started_utc=self.started_utc, **extra))
+
+    def fail(self, reason: str, **evidence) -> int:
+        """Record a failed attempt: the report shows it, a plain rerun retries it."""
+        self.write("failed", reason, log=str(self.log), **evidence)
+        record_failure(self.result, reason)
+        print(f"[watchdog] recorded failed: {reason}", flush=True)
+        return 0
+
+    def read_log(self) -> str:
+        sys.stdout.flush()
         try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 10)
-        while time.monotonic() < deadline and _group_alive(pgid):
-            time.sleep(0.1)
+            return self.log.read_text(errors="replace")
+        except OSError:   # output not sent to {log} (by hand, in a terminal)
+            return ""
+
+    def evidence(self, log_text: str, rank_logs: dict[str, Path]) -> dict:
+        """What a failed or hung record keeps, to be read without the log files."""
+        return {"rank_logs": [str(p) for p in rank_logs.values()],
+                "log_tail": joblogs.tail(log_text, LOG_TAIL),
+                "rank_tails": {lb: joblogs.tail(p.read_text(errors="replace"), RANK_TAIL)
+                               for lb, p in rank_logs.items()}}
 
 
-def collect_rank_logs(torchrun_dir: Path, dest_prefix: Path) -> list[Path]:
+@dataclass
+class Outcome:
+    rc: int | None        # the worker's exit status; None when the watchdog killed it
+    elapsed: float
+    killed: str | None    # None, "limit", or why the job had no one left to wait for it
+    stray: bool           # processes of the group still alive after the kill
+
+
+def supervise(cmd: list[str], env: dict, limit: float, grace: float, pass_fds=(),
+              ancestry: lifeline.Ancestry | None = None, before_kill=None) -> Outcome:
+    """Run `cmd` in its own process group until it exits, passes `limit` seconds, or
+    its ancestry breaks; the group is gone (or `stray`) when this returns."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent,
+                            pass_fds=tuple(pass_fds))
+    killed = None
+    try:
+        while (rc := proc.poll()) is None:
+            if ancestry and (broken := ancestry.broken()):
+                killed = f"no one waits for this job any more: {broken}"
+                break
+            if time.monotonic() - t0 >= limit:
+                killed = "limit"
+                break
+            time.sleep(POLL_S)
+    except (KeyboardInterrupt, Stop):   # Snakemake stops us: take the ranks down with us
+        lifeline.kill_group(proc.pid, ORPHAN_GRACE_S, proc)
+        raise
+    elapsed = time.monotonic() - t0
+    if killed == "limit":
+        print(f"[watchdog] no result after {elapsed:.0f} s: killing process group {proc.pid}", flush=True)
+        if before_kill:
+            before_kill()
+    if killed or lifeline.group_alive(proc.pid):   # also ranks left behind by an exited torchrun
+        lifeline.kill_group(proc.pid, grace if killed == "limit" else ORPHAN_GRACE_S, proc)
+    proc.wait()
+    return Outcome(None if killed else rc, elapsed, killed, lifeline.group_alive(proc.pid))
+
+
+def collect_rank_logs(torchrun_dir: Path, dest_prefix: Path) -> dict[str, Path]:
     """torchrun writes <dir>/<run_id>_<rand>/attempt_<n>/<local rank>/{stdout,stderr}.log,
     one <run_id>_<rand> folder per node. Flatten each node's last attempt into
     <prefix>.rank<r>.log (one node), or <prefix>.node<i>.rank<r>.log (several: i in
-    the order the agents started; the global rank is in each line's [rank r/k])."""
-    out = []
+    the order the agents started; the global rank is in each line's [rank r/k]).
+    Returns {"rank 1": path, ...} or {"node 1 rank 0": path, ...}."""
+    out = {}
     runs = sorted({p.parent for p in torchrun_dir.glob("*/attempt_*")}, key=lambda p: p.stat().st_mtime)
     for i, run in enumerate(runs):
         last = max(run.glob("attempt_*"), key=lambda p: p.stat().st_mtime)
@@ -81,87 +165,144 @@ def collect_rank_logs(torchrun_dir: Path, dest_prefix: Path) -> list[Path]:
                     p = rank_dir / stream
                     if p.exists():
                         f.write(f"===== {stream} =====\n{p.read_text(errors='replace')}\n")
-            out.append(target)
+            out[joblogs.rank_label(target, dest_prefix)] = target
     shutil.rmtree(torchrun_dir, ignore_errors=True)
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description="Run a measurement (its worker, by the spec's experiment) under a watchdog; "
-                    "record skipped and hung runs, fail crashed ones.")
-    ap.add_argument("--spec", required=True, help="the job's spec (JSON) as built by the workflow")
-    ap.add_argument("--result", required=True, help="result JSON the job must produce")
-    ap.add_argument("--rank-logs", required=True,
-                    help="torchrun --log-dir of the job; flattened to <prefix>.rank<r>.log")
-    ap.add_argument("cmd", nargs=argparse.REMAINDER,
-                    help="-- a command to run instead of the spec's worker (tests)")
-    args = ap.parse_args(argv)
-    spec = json.loads(args.spec)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    cmd = cmd or launch.worker_command(spec, args.result, args.rank_logs, sys.executable)
-    result = Path(args.result)
-    result.unlink(missing_ok=True)  # never serve an old number
-    common = dict(experiment=spec["experiment"], variant=spec["variant"], k=spec["k"],
-                  backend=spec["backend"], config=spec.get("config"),
-                  fingerprint=spec.get("fingerprint"), env=spec.get("env", {}))
-    if spec.get("skip_reason"):
-        print(f"[watchdog] skipped: {spec['skip_reason']}", flush=True)
-        write_json_atomic(result, make_result(status="skipped", reason=spec["skip_reason"], **common))
-        return 0
-    limit, grace = float(spec["limit_s"]), float(spec.get("grace_s", 15))
-    launch_env = {}
-    if spec.get("launch"):   # k spans several nodes: srun + torchrun c10d / jax.distributed
-        try:
-            cmd, launch_env = launch.multinode_command(cmd, spec["launch"])
-        except RuntimeError as e:
-            print(f"[watchdog] {e}", file=sys.stderr, flush=True)
-            return 1
-    env = {**os.environ, **spec.get("env", {}), **launch_env, "PYTHONUNBUFFERED": "1"}
-    rank_dir = Path(args.rank_logs)
-    if rank_dir.exists():
-        shutil.rmtree(rank_dir)
-    print(f"[watchdog] limit {limit:g} s, env {spec.get('env', {})}\n[watchdog] $ {' '.join(cmd)}", flush=True)
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)
-    try:
-        rc = proc.wait(timeout=limit)
-        hung = False
-    except subprocess.TimeoutExpired:
-        hung = True
-    except KeyboardInterrupt:  # Snakemake was interrupted: take the ranks down with us
-        kill_group(proc.pid, grace)
-        raise
-    elapsed = time.monotonic() - t0
+def flight_evidence(job: Job) -> dict:
+    """On NCCL: the hung collective and the ranks that never arrived, from the flight
+    recorder's dumps, which are kept beside the rank logs ({} without dumps)."""
+    if not job.trace_prefix:
+        return {}
+    dumps = flight.load_dumps(job.trace_prefix)
+    hung = flight.hung_collective(dumps) if dumps else None
+    kept = []
+    for rank, path in flight.dump_files(job.trace_prefix).items():
+        if job.rank_dir.resolve() in path.resolve().parents:   # ours: save it from the rmtree
+            dest = Path(f"{job.prefix}.{flight.PREFIX}{rank}")
+            shutil.move(path, dest)
+            path = dest
+        kept.append(str(path))
+    out = {"nccl_traces": sorted(kept)} if kept else {}
     if hung:
-        print(f"[watchdog] no result after {elapsed:.0f} s: killing process group {proc.pid}", flush=True)
-        kill_group(proc.pid, grace)
-        proc.wait()
-    stray = _group_alive(proc.pid)
-    logs = collect_rank_logs(rank_dir, Path(str(rank_dir).removesuffix(".ranks").removesuffix(".log")))
-    text = "".join(p.read_text(errors="replace") for p in logs)
-    if not hung and rc != 0 and TIMEOUT_MARKERS.search(text):
-        hung = True  # the process-group timeout fired inside a rank before our limit
-    if hung:
-        result.unlink(missing_ok=True)
-        how = ("killed by the outer watchdog" if elapsed >= limit
-               else "a rank's process-group timeout fired")
-        reason = f"no progress: {how} after {elapsed:.1f} s (limit {limit:g} s)"
-        write_json_atomic(result, make_result(
-            status="hung", reason=reason, metrics={"hung_after_s": round(elapsed, 1)},
-            rank_logs=[str(p) for p in logs], stray_processes=stray, **common))
-        print(f"[watchdog] recorded hung: {reason}; stray processes left: {stray}", flush=True)
+        out.update(hung_collective=hung, missing_ranks=hung["missing_ranks"])
+    return out
+
+
+def record_outcome(job: Job, out: Outcome) -> int:
+    """Write the record of a job that ran: hung, failed, or (written by the worker) ok."""
+    limit = float(job.spec["limit_s"])
+    fr = flight_evidence(job)
+    logs = collect_rank_logs(job.rank_dir, job.prefix)
+    texts = {lb: p.read_text(errors="replace") for lb, p in logs.items()}
+    log_text = job.read_log()
+    evidence = {**job.evidence(log_text, logs), **fr, "stray_processes": out.stray}
+    if out.killed == "limit" or (out.rc != 0 and (joblogs.timed_out(texts) or fr.get("hung_collective"))):
+        job.result.unlink(missing_ok=True)
+        pg = launch.pg_timeout_s(limit)
+        how = (f"killed by the outer watchdog after {out.elapsed:.1f} s (limit {limit:g} s; no rank's "
+               f"process-group timeout of {pg:g} s fired before it)" if out.killed
+               else f"a rank's process-group timeout fired after {out.elapsed:.1f} s "
+                    f"(timeout {pg:g} s, limit {limit:g} s)")
+        detail = (flight.summary(fr["hung_collective"]) if fr.get("hung_collective")
+                  else joblogs.stuck_lines(texts))
+        reason = f"no progress: {how}" + (f"; {detail}" if detail else "")
+        job.write("hung", reason, metrics={"hung_after_s": round(out.elapsed, 1)}, log=str(job.log), **evidence)
+        print(f"[watchdog] recorded hung: {reason}; stray processes left: {out.stray}", flush=True)
         return 0
-    if rc != 0:
-        result.unlink(missing_ok=True)
-        print(f"[watchdog] torchrun exited {rc}; no result written. Rank logs:\n  "
-              + "\n  ".join(map(str, logs)), file=sys.stderr, flush=True)
-        return rc or 1
-    if not result.exists():
-        print("[watchdog] torchrun exited 0 but wrote no result", file=sys.stderr)
-        return 1
+    if out.rc != 0:
+        job.result.unlink(missing_ok=True)
+        return job.fail(joblogs.failure_reason(log_text, texts, out.rc), exit_code=out.rc, **evidence)
+    if not job.result.exists():
+        return job.fail("the worker exited 0 but wrote no result", exit_code=0, **evidence)
+    written = json.loads(job.result.read_text())
+    if written.get("status") == "failed":   # a check beside the timing failed it: retried too
+        record_failure(job.result, written.get("reason") or "failed")
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description="Run a measurement (its worker, by the spec's experiment) under a watchdog; "
+                    "record skipped, hung and failed runs.")
+    ap.add_argument("--spec", required=True, help="the job's spec (JSON) as built by the workflow")
+    ap.add_argument("--result", required=True, help="result JSON the job must produce")
+    ap.add_argument("--rank-logs", required=True,
+                    help="torchrun --log-dir of the job (<log>.ranks); flattened to <log stem>.rank<r>.log")
+    ap.add_argument("--lock-dir", default=None,
+                    help=f"folder of the per-device locks (config locks.dir; default {devices.DEFAULT_DIR})")
+    ap.add_argument("--lock-wait-s", type=float, default=300,
+                    help="seconds to wait for a device another process holds (config locks.wait_s)")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER,
+                    help="-- a command to run instead of the spec's worker (tests)")
+    return ap
+
+
+def prepare(job: Job, cmd: list[str]) -> tuple[list[str], dict]:
+    """The command (multi-node: srun + torchrun c10d / jax.distributed) and its environment."""
+    spec = job.spec
+    launch_env = {}
+    if spec.get("launch"):
+        cmd, launch_env = launch.multinode_command(cmd, spec["launch"])   # RuntimeError outside SLURM
+    env = {**os.environ, **spec.get("env", {}), **launch_env, "PYTHONUNBUFFERED": "1"}
+    if job.rank_dir.exists():
+        shutil.rmtree(job.rank_dir)
+    if spec["backend"] == "nccl":
+        job.rank_dir.mkdir(parents=True)
+        env.update(flight.env_for(job.rank_dir, env))
+        job.trace_prefix = flight.dump_prefix(env)
+    return cmd, env
+
+
+def run(job: Job, args, cmd: list[str]) -> int:
+    spec = job.spec
+    ancestry = lifeline.Ancestry.of_this_process()
+    try:
+        cmd, env = prepare(job, cmd)
+    except RuntimeError as e:
+        return job.fail(str(e))
+    try:   # a wait for the locks is given up, too, when no one waits for the job
+        held = devices.acquire(devices.device_names(spec, env), args.lock_dir, args.lock_wait_s, job.label,
+                               give_up=ancestry.broken)
+    except (devices.DevicesBusy, devices.LockError) as e:
+        return job.fail(str(e))
+    except devices.GaveUp as e:
+        print(f"[watchdog] no one waits for this job any more: {e}; gave up waiting for its devices", flush=True)
+        return 1
+    limit, grace = float(spec["limit_s"]), float(spec.get("grace_s", 15))
+    pipe = env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") if job.trace_prefix else None
+    with held:
+        print(f"[watchdog] limit {limit:g} s (process-group timeout {launch.pg_timeout_s(limit):g} s), "
+              f"devices {', '.join(held.names)}, env {spec.get('env', {})}\n"
+              f"[watchdog] watching {ancestry.describe()}\n[watchdog] $ {' '.join(cmd)}", flush=True)
+        out = supervise(cmd, env, limit, grace, held.fds, ancestry,
+                        before_kill=lambda: flight.request_dumps(pipe))   # NCCL: a dump before the kill
+    if out.killed and out.killed != "limit":
+        print(f"[watchdog] {out.killed}: killed process group; nothing recorded "
+              "(Snakemake marked the job incomplete, the next run redoes it)", flush=True)
+        return 1
+    return record_outcome(job, out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    spec = json.loads(args.spec)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    cmd = cmd or launch.worker_command(spec, args.result, args.rank_logs, sys.executable)
+    job = Job.of(spec, args.result, args.rank_logs)
+    job.result.unlink(missing_ok=True)  # never serve an old number
+    if spec.get("skip_reason"):
+        print(f"[watchdog] skipped: {spec['skip_reason']}", flush=True)
+        job.write("skipped", spec["skip_reason"])
+        return 0
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return run(job, args, cmd)
+    except (KeyboardInterrupt, Stop) as e:
+        print(f"[watchdog] stopped ({type(e).__name__} {e}): its processes killed, nothing recorded",
+              file=sys.stderr, flush=True)
+        return 130 if isinstance(e, KeyboardInterrupt) else 143
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
