@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import os
 import time
+from types import SimpleNamespace
 
 import pytest
-from conftest import free_port, make_spec, run_job
+from conftest import TINY, free_port, make_spec, run_job
 
+from dpscale import stats
 from dpscale.results import validate_result
+from dpscale.torch_runs import throughput_metrics
 
 pytestmark = pytest.mark.multiproc
 
@@ -36,6 +39,37 @@ def test_ddp_throughput(tiny_data, tmp_path, experiment, variant, k):
     assert all(r["samples"] == (64 // k // batch) * batch for r in m["per_rank"])
     assert res["data"]["source"] == "synthetic" and res["backend"] == "gloo"
     assert m["step_ms_p10"] <= m["step_ms_median"] <= m["step_ms_p90"]
+    # repeats: every rank timed each of them; throughput per repeat from the slowest rank
+    n = TINY["repeats"]
+    assert m["repeats"] == n and len(m["samples_per_s_repeats"]) == n
+    assert all(len(r["seconds_repeats"]) == n and r["seconds"] == r["seconds_repeats"][0] for r in m["per_rank"])
+    for i, sps in enumerate(m["samples_per_s_repeats"]):
+        slowest = max(r["seconds_repeats"][i] for r in m["per_rank"])
+        assert sps == pytest.approx(sum(r["samples_repeats"][i] for r in m["per_rank"]) / slowest)
+    assert m["samples_per_s"] == m["samples_per_s_repeats"][0]   # the book's figure: the first timed epoch
+    lo, hi = m["samples_per_s_ci95"]
+    assert lo <= m["samples_per_s_mean"] <= hi and m["samples_per_s_min"] <= m["samples_per_s_median"]
+    assert m["epoch_s"] == max(r["seconds"] for r in m["per_rank"])
+    assert m["slow_ranks"] == stats.stragglers([r["seconds_repeats"] for r in m["per_rank"]])
+    assert f"(timed, repeat {n}/{n})" in log and "(warm-up)" in log
+
+
+def test_throughput_is_the_slowest_ranks_and_a_straggler_is_flagged():
+    """Rank 1 is 10% slower in the second repeat: that repeat's samples/s is both ranks'
+    samples over rank 1's seconds, and rank 1 is flagged (> 5% over the median rank)."""
+    def row(rank, secs):
+        return {"rank": rank, "samples": 100, "seconds": secs[0], "seconds_repeats": secs,
+                "samples_repeats": [100] * len(secs), "per_rank_batch": 4, "loss_last": 2.3,
+                "peak_mem_MiB": None, "steps": {"median_ms": 10.0 * (1 + rank), "p10_ms": 9.0, "p90_ms": 11.0}}
+    rows = [row(0, [1.0, 1.0, 1.02]), row(1, [1.01, 1.2, 1.0])]
+    m = throughput_metrics(SimpleNamespace(world=2), rows, None, None)
+    assert m["samples_per_s_repeats"] == pytest.approx([200 / 1.01, 200 / 1.2, 200 / 1.02])
+    assert m["samples_per_s"] == pytest.approx(200 / 1.01)
+    assert m["samples_per_s_per_device"] == pytest.approx(100 / 1.01)
+    assert m["slow_ranks"] == [1] and m["epoch_s_repeats"] == [1.01, 1.2, 1.02]
+    assert m["step_ms_rank"] == 1 and m["step_ms_median"] == 20.0   # whose steps: the slowest rank's
+    iv = stats.interval(m["samples_per_s_repeats"])
+    assert m["samples_per_s_ci95"] == [iv["ci_lo"], iv["ci_hi"]] and m["samples_per_s_median"] == iv["median"]
 
 
 def test_tuned_variant_runs_on_cpu_without_compile(tiny_data, tmp_path):

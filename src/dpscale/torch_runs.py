@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import os
+import statistics
 import time
 
 import torch
@@ -16,10 +17,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import costmodel, data as dsdata, registry
+from . import costmodel, data as dsdata, registry, stats
 from .models import residual_stages, torch_flops_per_sample, torch_resnet18
 from .results import load_result, utc_now, write_result
-from .timing import StepTimer, summary, sync
+from .timing import StepTimer, spread_fields, summary, sync
 
 
 # ---------------------------------------------------------------- context
@@ -210,9 +211,9 @@ class GraphedStep:
         self.graph = graph
 
 
-def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, epochs: int, side=None):
-    """The seed's loop. Epoch 0 warms up (cudnn autotune, compile, graph capture);
-    the last is timed."""
+def make_step(ctx: Ctx, model, tuned: bool, side=None):
+    """The seed's training step, (X, y) -> loss: eager, or a GraphedStep when a
+    graph side stream is given."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1, **({"fused": True} if tuned and ctx.cuda else {}))
     loss_fn = nn.CrossEntropyLoss()
 
@@ -223,36 +224,62 @@ def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, epochs: int, s
         opt.step()
         return loss
 
-    graphed = GraphedStep(step, opt, side) if side is not None else None
-    out = {}
-    for epoch in range(epochs):
-        timer, n, last = StepTimer(ctx.device), 0, None
-        if ctx.cuda:
-            torch.cuda.reset_peak_memory_stats(ctx.device)
-        sync(ctx.device)
-        t0 = time.perf_counter()
-        for i, (X, y) in enumerate(batches_for_epoch(epoch)):
-            timer.mark()
-            X, y = X.to(ctx.device), y.to(ctx.device)
-            if graphed is not None:
-                last = graphed(X, y)
-            else:
-                opt.zero_grad(set_to_none=True)
-                last = step(X, y)
-            n += X.shape[0]
-            if i == 1:
-                ctx.maybe_fault("step")
+    if side is not None:
+        return GraphedStep(step, opt, side)
+
+    def eager(X, y):
+        opt.zero_grad(set_to_none=True)
+        return step(X, y)
+    return eager
+
+
+def run_epoch(ctx: Ctx, run_step, batches) -> dict:
+    """One pass over `batches`, timed from a barrier to a device sync."""
+    timer, n, last = StepTimer(ctx.device), 0, None
+    if ctx.cuda:
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    sync(ctx.device)
+    # Every rank starts its clock together. Without this a rank that arrives late
+    # starts late and, DDP's ranks being in lockstep, ends with the others: it would
+    # read fastest, and the one that waited for it slowest.
+    dist.barrier()
+    t0 = time.perf_counter()
+    for i, (X, y) in enumerate(batches):
         timer.mark()
-        sync(ctx.device)   # this is a sync point: the clock stops when the GPU is done
-        dt = time.perf_counter() - t0
-        ctx.log(f"epoch {epoch}: {n} samples in {dt:.2f} s = {n / dt:.0f} samples/s"
-                + (" (warm-up)" if epoch < epochs - 1 else ""))
-        out = {"samples": n, "seconds": dt, "samples_per_s": n / dt,
-               "steps": summary(timer.step_ms()), "loss_last": float(last.detach()) if last is not None else None,
-               "peak_mem_MiB": torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.cuda else None,
-               "cuda_graph": graphed is not None and graphed.graph is not None,
-               "cuda_graph_error": graphed.error if graphed is not None else None}
-    return out
+        X, y = X.to(ctx.device), y.to(ctx.device)
+        last = run_step(X, y)
+        n += X.shape[0]
+        if i == 1:
+            ctx.maybe_fault("step")
+    timer.mark()
+    sync(ctx.device)   # this is a sync point: the clock stops when the GPU is done
+    return {"samples": n, "seconds": time.perf_counter() - t0, "step_ms": timer.step_ms(), "loss": last,
+            "peak_mem_MiB": torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.cuda else None}
+
+
+def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, warmup: int, repeats: int, side=None) -> dict:
+    """The seed's loop: `warmup` epochs (cudnn autotune, compile, graph capture), then
+    `repeats` timed epochs. This rank's numbers: seconds per timed epoch, and the
+    first timed epoch's (the book's) samples, seconds and step times."""
+    run_step = make_step(ctx, model, tuned, side)
+    timed = []
+    for epoch in range(warmup + repeats):
+        e = run_epoch(ctx, run_step, batches_for_epoch(epoch))   # reshuffled per epoch, as the book's set_epoch
+        rep = epoch - warmup
+        ctx.log(f"epoch {epoch}: {e['samples']} samples in {e['seconds']:.2f} s = "
+                f"{e['samples'] / e['seconds']:.0f} samples/s"
+                + (" (warm-up)" if rep < 0 else f" (timed, repeat {rep + 1}/{repeats})"))
+        if rep >= 0:
+            timed.append(e)
+    first, last = timed[0], timed[-1]["loss"]
+    graphed = run_step if isinstance(run_step, GraphedStep) else None
+    return {"samples": first["samples"], "seconds": first["seconds"],
+            "samples_per_s": first["samples"] / first["seconds"],
+            "seconds_repeats": [e["seconds"] for e in timed], "samples_repeats": [e["samples"] for e in timed],
+            "steps": summary(first["step_ms"]), "loss_last": float(last.detach()) if last is not None else None,
+            "peak_mem_MiB": max(e["peak_mem_MiB"] for e in timed) if ctx.cuda else None,
+            "cuda_graph": graphed is not None and graphed.graph is not None,
+            "cuda_graph_error": graphed.error if graphed is not None else None}
 
 
 def ddp_throughput(ctx: Ctx, strong: bool):
@@ -274,7 +301,7 @@ def ddp_throughput(ctx: Ctx, strong: bool):
 
         def batches(epoch):
             return cached_batches(ctx, x, y, batch, epoch, channels_last=tuned)
-    r = train_epochs(ctx, model, batches, tuned, ctx.proto["epochs"], side=side)
+    r = train_epochs(ctx, model, batches, tuned, ctx.proto["epochs"] - 1, ctx.proto["repeats"], side=side)
     r["per_rank_batch"] = batch
     return r
 
@@ -285,12 +312,30 @@ def per_rank_merge(ctx: Ctx, mine: dict) -> list[dict] | None:
     return rows
 
 
+STRAGGLER = 0.05   # a rank this much slower than the median rank, in any repeat, is flagged
+
+
 def throughput_metrics(ctx: Ctx, rows: list[dict], flops: int | None, peak: float | None) -> dict:
-    total = sum(r["samples_per_s"] for r in rows)   # the book sums per-rank samples/s
-    m = {"samples_per_s": total, "samples_per_s_per_device": total / ctx.world,
+    """Throughput from the per-rank rows of train_epochs. An epoch ends when its slowest
+    rank ends, so timed epoch i gives every rank's samples over the longest rank's
+    seconds (the book summed per-rank samples/s, each rank on its own clock, which
+    overstates the job's rate when the clocks differ). samples_per_s is the first
+    timed epoch, the book's figure; the other repeats give its spread."""
+    n = min(len(r["seconds_repeats"]) for r in rows)
+    longest = [max(r["seconds_repeats"][i] for r in rows) for i in range(n)]
+    sps = [sum(r["samples_repeats"][i] for r in rows) / longest[i] for i in range(n)]
+    secs = [r["seconds_repeats"][:n] for r in rows]
+    lag = max(max(col) / statistics.median(col) - 1 for col in zip(*secs))
+    slowest = max(rows, key=lambda r: r["seconds"])   # in the first timed epoch
+    m = {"samples_per_s": sps[0], "repeats": n, **spread_fields("samples_per_s", sps),
+         "samples_per_s_per_device": sps[0] / ctx.world,
          "per_rank_batch": rows[0]["per_rank_batch"], "global_batch": rows[0]["per_rank_batch"] * ctx.world,
-         "step_ms_median": rows[0]["steps"]["median_ms"], "step_ms_p10": rows[0]["steps"]["p10_ms"],
-         "step_ms_p90": rows[0]["steps"]["p90_ms"], "epoch_s": max(r["seconds"] for r in rows),
+         "epoch_s": longest[0], "epoch_s_repeats": longest,
+         "slow_ranks": stats.stragglers(secs, STRAGGLER), "straggler_threshold": STRAGGLER,
+         "slowest_rank_lag_max": lag,   # max over repeats of slowest / median rank seconds - 1
+         # the step times are the slowest rank's, in the first timed epoch
+         "step_ms_rank": slowest["rank"], "step_ms_median": slowest["steps"]["median_ms"],
+         "step_ms_p10": slowest["steps"]["p10_ms"], "step_ms_p90": slowest["steps"]["p90_ms"],
          "loss_last": rows[0]["loss_last"], "cuda_graph": rows[0].get("cuda_graph", False),
          "cuda_graph_error": rows[0].get("cuda_graph_error"),
          "peak_mem_MiB": max((r["peak_mem_MiB"] or 0) for r in rows) or None,
