@@ -119,13 +119,28 @@ def test_fsdp_shards_state(tiny_data, tmp_path, k):
     assert [r["stage"] for r in m["zero_sizing_7B_8x80GB"]] == [0, 1, 2, 3]
 
 
+ROW_KEYS = {"bytes", "count", "type", "redop", "root", "time_us", "time_us_median", "time_us_ci95", "time_us_cv",
+            "iters", "algbw_GBps", "busbw_GBps", "book_GBps", "wrong"}
+
+
 def test_allreduce_and_probe_k2(tiny_data, tmp_path):
     rc, res, log = run_job(make_spec(tiny_data, "allreduce", 2), tmp_path / "ar")
     assert rc == 0, log
     m = ok(res)
-    assert m["correct"] and [r["MiB"] for r in m["sweep"]] == [0.0625, 0.25]
-    for r in m["sweep"]:
-        assert r["iters"] >= 20 and r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])  # k=2: 2(k-1)/k = 1
+    table = m["table"]
+    assert set(table) == {"out_of_place", "in_place"} and m["correct"]
+    for rows in table.values():
+        assert [r["bytes"] for r in rows] == [65536, 262144] and [r["count"] for r in rows] == [16384, 65536]
+        for r in rows:
+            assert set(r) == ROW_KEYS and r["wrong"] == 0 and r["iters"] == 20 and r["time_us"] > 0
+            assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])   # k=2: 2(k-1)/k = 1
+            assert r["time_us_ci95"][0] <= r["time_us_median"] <= r["time_us_ci95"][1]
+    busbw = [r["busbw_GBps"] for rows in table.values() for r in rows]
+    assert m["avg_busbw_GBps"] == pytest.approx(sum(busbw) / len(busbw))
+    assert "mean over ranks" in m["time_aggregation"]
+    assert "# Out of bounds values : 0 OK" in log and "# Avg bus bandwidth" in log
+    assert "out-of-place" in log and "in-place" in log
+
     spec = make_spec(tiny_data, "ddp_comm_probe", 2, inputs={"allreduce": {"2": str(tmp_path / "ar/k.json")}})
     rc, res, log = run_job(spec, tmp_path / "probe")
     assert rc == 0, log
@@ -133,6 +148,7 @@ def test_allreduce_and_probe_k2(tiny_data, tmp_path):
     assert m["synced_ms"] > 0 and m["no_sync_ms"] > 0
     assert sum(m["bucket_bytes"]) == m["grad_bytes"] == 4 * 11_175_818
     assert m["pred_flat_ms"] == pytest.approx(m["pred_ring_ms"])  # identical at k=2 by construction
+    assert m["beta_placement"] == "in_place"
 
 
 def test_allreduce_k1_is_trivially_correct(tiny_data, tmp_path):
@@ -141,11 +157,15 @@ def test_allreduce_k1_is_trivially_correct(tiny_data, tmp_path):
     assert ok(res)["correct"]
 
 
-def test_allreduce_wrong_sum_is_caught(tiny_data, tmp_path):
-    rc, res, log = run_job(make_spec(tiny_data, "allreduce", 2), tmp_path, fault="wrong_sum:rank=1")
+@pytest.mark.parametrize("placement", ["out_of_place", "in_place"])
+def test_allreduce_wrong_sum_is_caught(tiny_data, tmp_path, placement):
+    rc, res, log = run_job(make_spec(tiny_data, "allreduce", 2), tmp_path, fault=f"wrong_sum:rank=1:at={placement}")
     assert rc == 0, log
-    assert res["status"] == "failed" and "wrong all-reduce sum" in res["reason"]
-    assert res["metrics"]["correct"] is False
+    assert res["status"] == "failed" and "wrong all-reduce sum" in res["reason"] and placement in res["reason"]
+    m = res["metrics"]
+    assert m["correct"] is False and "# Out of bounds values : 2 FAILED" in log
+    for side, rows in m["table"].items():   # one element off on one rank: wrong on both ranks, that placement only
+        assert [r["wrong"] for r in rows] == ([2, 2] if side == placement else [0, 0])
 
 
 def test_bucket_sweep_k2(tiny_data, tmp_path):

@@ -14,6 +14,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as fcol
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -50,6 +51,13 @@ class Ctx:
                 self.log(f"injected fault: rank {self.rank} hangs at {where}")
                 while True:
                     time.sleep(3600)
+
+    def corrupts(self, placement: str) -> bool:
+        """Test hook (DPSCALE_FAULT=wrong_sum[:rank=R][:at=in_place|out_of_place]): one
+        element of rank R's all-reduce input is off, in one placement or (no at=) both."""
+        f = self.fault
+        return (bool(f) and f["kind"] == "wrong_sum" and f.get("rank", 1) == self.rank
+                and f.get("at", placement) == placement)
 
 
 def _parse_fault(text: str) -> dict | None:
@@ -441,76 +449,184 @@ def exp_comm_probe(ctx: Ctx):
     if k2:
         res = load_result(k2)
         if res["status"] == "ok":
-            sweep = {"bytes": [r["bytes"] for r in res["metrics"]["sweep"]],
-                     "time_s": [r["time_ms_median"] / 1e3 for r in res["metrics"]["sweep"]]}
+            sweep = costmodel.allreduce_sweep(res["metrics"])
             m.update(costmodel.predict_comm(buckets or [n_bytes], sweep, ctx.world))
-            m["beta_source"] = k2
+            m["beta_source"], m["beta_placement"] = k2, sweep["placement"]
     return m
 
 
-def exp_allreduce(ctx: Ctx):
-    """nccl-tests' protocol, in torch.distributed: per payload, a correctness check,
-    warm-up, then >= 20 timed iterations; algbw and busbw from the median."""
-    k, rows = ctx.world, []
-    expected = k * (k + 1) / 2
-    wrong = (ctx.fault or {}).get("kind") == "wrong_sum" and (ctx.fault or {}).get("rank", 1) == ctx.rank
-    all_ok = True
-    for mib in ctx.proto["allreduce_MiB"]:
-        n = int(mib * 2**20) // 4
-        x = torch.full((n,), float(ctx.rank + 1), device=ctx.device)
-        if wrong:
-            x[n // 2] += 1.0   # test hook: one element of one rank's input is off
-        dist.all_reduce(x)
-        bad = (x != expected).sum()
-        dist.all_reduce(bad)   # every rank's verdict, summed
-        ok = int(bad.item()) == 0
-        all_ok &= ok
-        x.normal_()
-        ctx.maybe_fault("step")
-        for _ in range(ctx.proto["allreduce_warmup"]):
+# ---------------------------------------------------------------- all-reduce, as nccl-tests
+
+PLACEMENTS = ("out_of_place", "in_place")   # nccl-tests' order, per size
+TIME_AGGREGATION = (
+    "time_us as nccl-tests' default (-a 1, src/common.cu BenchTime): per rank, a host clock around the "
+    "timed calls issued back to back, stopped after a device sync, divided by the calls; then the mean "
+    "over ranks. algbw, busbw and the Avg bus bandwidth come from it. time_us_median, _ci95 and _cv: per "
+    "call, the slowest rank's time (CUDA events; perf_counter on gloo), then the median over calls with "
+    "its order-statistic 95% interval, and the cv")
+PLACEMENT_TEXT = {
+    "out_of_place": "torch.distributed._functional_collectives.all_reduce: a copy into a new output, "
+                    "then the in-place all-reduce of that output",
+    "in_place": "torch.distributed.all_reduce on the input"}
+
+
+def allreduce_op(placement: str):
+    """x -> the reduced tensor. in_place: dist.all_reduce on x. out_of_place: the
+    functional all_reduce, which returns a new tensor and leaves x alone. Trap: c10d
+    implements it as x.clone() into a fresh contiguous output, then the in-place
+    all-reduce of that output (torch/csrc/distributed/c10d/Functional.cpp), so torch's
+    out-of-place is a device copy plus NCCL's in-place kernel, where nccl-tests hands
+    NCCL distinct send and receive buffers."""
+    if placement == "in_place":
+        def in_place(x):
             dist.all_reduce(x)
-        sync(ctx.device)
-        dist.barrier()
-        times = []
-        if ctx.cuda:
-            evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                   for _ in range(ctx.proto["allreduce_iters"])]
-            for a, b in evs:
-                a.record()
-                dist.all_reduce(x)
-                b.record()
-            sync(ctx.device)
-            times = [a.elapsed_time(b) for a, b in evs]
-        else:
-            for _ in range(ctx.proto["allreduce_iters"]):
-                t0 = time.perf_counter()
-                dist.all_reduce(x)   # gloo on CPU tensors: synchronous
-                times.append(1e3 * (time.perf_counter() - t0))
-        # a collective ends together on every rank: iteration i took the slowest rank's time
-        per_rank = torch.tensor(times, dtype=torch.float64, device=ctx.device)
-        dist.all_reduce(per_rank, op=dist.ReduceOp.MAX)
-        st = summary(per_rank.tolist())
-        t = st["median_ms"] / 1e3
-        size = n * 4
-        rows.append({"MiB": mib, "bytes": size, "time_ms_median": 1e3 * t,
-                     "time_ms_p10": st["p10_ms"], "time_ms_p90": st["p90_ms"], "iters": st["n"],
-                     "algbw_GBps": costmodel.algbw(size, t) / 1e9,
-                     "busbw_GBps": costmodel.busbw(size, t, k) / 1e9,
-                     "book_GBps": costmodel.book_beta(size, t) / 1e9, "correct": ok})
-        if ctx.rank == 0:
-            r = rows[-1]
-            ctx.log(f"{size:>12d} B  {r['time_ms_median']:9.3f} ms  algbw {r['algbw_GBps']:8.2f}  "
-                    f"busbw {r['busbw_GBps']:8.2f} GB/s  {'OK' if ok else 'WRONG SUM'}")
-    m = {"sweep": rows, "correct": all_ok}
-    by = {r["MiB"]: r for r in rows}
+            return x
+        return in_place
+    return lambda x: fcol.wait_tensor(fcol.all_reduce(x, "sum", dist.group.WORLD))
+
+
+def wrong_elements(ctx: Ctx, op, n: int, placement: str) -> int:
+    """nccl-tests' check: every rank's input filled with rank + 1, so every element of
+    the sum is k(k+1)/2; the elements that are not, summed over ranks (its #wrong)."""
+    x = torch.full((n,), float(ctx.rank + 1), device=ctx.device)
+    if ctx.corrupts(placement):
+        x[n // 2] += 1.0   # test hook: one element of this rank's input is off
+    bad = (op(x) != ctx.world * (ctx.world + 1) / 2).sum()
+    dist.all_reduce(bad)
+    return int(bad.item())
+
+
+def call_clock(ctx: Ctx, calls: int):
+    """(mark(i), read() -> ms per call) from boundary marks between back-to-back calls,
+    as nccl-tests' per-iteration timing. CUDA events are made before the loop: making
+    one per call would add host time to the calls being timed."""
+    if ctx.cuda:
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
+        return (lambda i: events[i].record(),
+                lambda: [a.elapsed_time(b) for a, b in zip(events, events[1:])])
+    stamps = [0.0] * (calls + 1)
+
+    def mark(i):
+        stamps[i] = time.perf_counter()
+    return mark, lambda: [1e3 * (b - a) for a, b in zip(stamps, stamps[1:])]
+
+
+def time_allreduce(ctx: Ctx, op, x, warmup: int, iters: int) -> tuple[float, list[float]]:
+    """(seconds per call, nccl-tests' aggregate: mean over ranks of each rank's mean;
+    ms of every call, the slowest rank's)."""
+    for _ in range(warmup):
+        op(x)
+    sync(ctx.device)
+    dist.barrier()
+    mark, read = call_clock(ctx, iters)
+    t0 = time.perf_counter()
+    for i in range(iters):
+        mark(i)
+        op(x)
+    mark(iters)
+    sync(ctx.device)
+    mean_s = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(mean_s)   # summed, then / k below: nccl-tests -a 1
+    per_call = torch.tensor(read(), dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(per_call, op=dist.ReduceOp.MAX)   # a call ends when its slowest rank ends
+    return mean_s.item() / ctx.world, per_call.tolist()
+
+
+def allreduce_row(n: int, wrong: int, mean_s: float, per_call_ms: list[float], k: int) -> dict:
+    size = 4 * n
+    mi = stats.median_interval(per_call_ms)
+    ci = [1e3 * mi["ci_lo"], 1e3 * mi["ci_hi"]] if mi["ci_lo"] is not None else [None, None]
+    return {"bytes": size, "count": n, "type": "float", "redop": "sum", "root": -1,
+            "time_us": 1e6 * mean_s, "time_us_median": 1e3 * mi["median"], "time_us_ci95": ci,
+            "time_us_cv": summary(per_call_ms)["cv"], "iters": len(per_call_ms),
+            "algbw_GBps": costmodel.algbw(size, mean_s) / 1e9,
+            "busbw_GBps": costmodel.busbw(size, mean_s, k) / 1e9,
+            "book_GBps": costmodel.book_beta(size, mean_s) / 1e9, "wrong": wrong}
+
+
+def allreduce_metrics(table: dict, k: int) -> dict:
+    rows = [r for p in PLACEMENTS for r in table[p]]
+    oop = {r["bytes"]: r for r in table["out_of_place"]}
+    m = {"table": table, "placements": PLACEMENT_TEXT, "time_aggregation": TIME_AGGREGATION,
+         # nccl-tests' 'Avg bus bandwidth': the mean busbw over every row of both placements
+         "avg_busbw_GBps": statistics.fmean(r["busbw_GBps"] for r in rows),
+         "wrong_total": sum(r["wrong"] for r in rows), "correct": all(r["wrong"] == 0 for r in rows)}
     for mib in (64, 256):
-        if mib in by:
-            m[f"busbw_GBps_{mib}MiB"] = by[mib]["busbw_GBps"]
-    m["busbw_GBps_max"] = max(r["busbw_GBps"] for r in rows)
-    if not all_ok:
-        bad = [r["MiB"] for r in rows if not r["correct"]]
-        m["_status"] = ("failed", f"correctness check failed: wrong all-reduce sum at {bad} MiB "
-                        f"(expected every element = k(k+1)/2 = {expected:g})")
+        if mib * 2**20 in oop:
+            m[f"busbw_GBps_{mib}MiB"] = oop[mib * 2**20]["busbw_GBps"]
+    m["busbw_GBps_max"] = max(r["busbw_GBps"] for r in oop.values())
+    if not m["correct"]:
+        bad = "; ".join(f"{p} at {r['bytes'] / 2**20:g} MiB: {r['wrong']} wrong element(s)"
+                        for p in PLACEMENTS for r in table[p] if r["wrong"])
+        m["_status"] = ("failed", f"correctness check failed: wrong all-reduce sum ({bad}); expected every "
+                        f"element = k(k+1)/2 = {k * (k + 1) / 2:g}")
+    return m
+
+
+def _nccl_float(value: float, width: int) -> str:
+    """nccl-tests' getFloatStr: the most decimals (2, 1, 0) that fit the width, else e-notation."""
+    for digits in (2, 1, 0):
+        text = f"{value:{width}.{digits}f}"
+        if len(text) <= width:
+            return text
+    return f"{value:{width}.{1 if width >= 7 else 0}e}"
+
+
+def nccl_header(ctx: Ctx, counts: list[int]) -> str:
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if ctx.cuda else None
+    blank = f"# {'':>10}  {'':>12}  {'':>8}  {'':>6}  {'':>6}"
+    return "\n".join([
+        "# dpscale allreduce in nccl-tests' layout (all_reduce_perf, nccl-tests 2.19.6), through torch.distributed",
+        f"# torch {torch.__version__}, backend {ctx.spec['backend']}" + (f" (NCCL {nccl})" if nccl else "")
+        + f", {ctx.world} rank(s), one device per process",
+        f"# minBytes {4 * min(counts)} maxBytes {4 * max(counts)} sizes: {len(counts)} "
+        f"warmup iters: {ctx.proto['allreduce_warmup']} iters: {ctx.proto['allreduce_iters']} agg iters: 1 "
+        "validation: 1 (before timing) graph: 0",
+        "# time: mean over ranks of each rank's mean per call (nccl-tests -a 1); out-of-place: "
+        "functional all_reduce (copy + in-place)", "#",
+        f"{blank}           out-of-place                       in-place          ",
+        f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}"
+        + f"  {'time':>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}" * 2,
+        f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}"
+        + f"  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}" * 2])
+
+
+def nccl_line(rows: list[dict]) -> str:
+    """One size, out-of-place then in-place, in nccl-tests' columns."""
+    r0 = rows[0]
+    return f"{r0['bytes']:12d}  {r0['count']:12d}  {'float':>8}  {'sum':>6}  {-1:6d}" + "".join(
+        f"  {_nccl_float(r['time_us'], 7)}  {_nccl_float(r['algbw_GBps'], 6)}  {_nccl_float(r['busbw_GBps'], 6)}"
+        f"  {r['wrong']:6g}" for r in rows)
+
+
+def nccl_footer(m: dict) -> str:
+    failed = sum(1 for p in PLACEMENTS for r in m["table"][p] if r["wrong"])   # nccl-tests counts tests, not elements
+    return "\n".join([f"# {'Out of bounds values':<20} : {failed} {'FAILED' if failed else 'OK'}",
+                      f"# {'Avg bus bandwidth':<20} : {m['avg_busbw_GBps']:g} ", "#"])
+
+
+def exp_allreduce(ctx: Ctx):
+    """nccl-tests' all_reduce_perf in torch.distributed: per payload, out-of-place then
+    in-place, each with a correctness check, warm-up and allreduce_iters timed calls.
+    Rank 0 prints the table in nccl-tests' layout (print, not ctx.log: no prefixes)."""
+    counts = [int(mib * 2**20) // 4 for mib in ctx.proto["allreduce_MiB"]]
+    table = {p: [] for p in PLACEMENTS}
+    if ctx.rank == 0:
+        print(nccl_header(ctx, counts), flush=True)
+    for n in counts:
+        for placement in PLACEMENTS:
+            op = allreduce_op(placement)
+            wrong = wrong_elements(ctx, op, n, placement)
+            x = torch.empty(n, device=ctx.device).normal_()
+            ctx.maybe_fault("step")
+            mean_s, per_call = time_allreduce(ctx, op, x, ctx.proto["allreduce_warmup"], ctx.proto["allreduce_iters"])
+            table[placement].append(allreduce_row(n, wrong, mean_s, per_call, ctx.world))
+            del x
+        if ctx.rank == 0:
+            print(nccl_line([table[p][-1] for p in PLACEMENTS]), flush=True)
+    m = allreduce_metrics(table, ctx.world)
+    if ctx.rank == 0:
+        print(nccl_footer(m), flush=True)
     return m
 
 
