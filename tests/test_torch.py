@@ -5,6 +5,7 @@ collective, a wrong all-reduce sum."""
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from types import SimpleNamespace
 
@@ -121,6 +122,19 @@ def test_fsdp_shards_state(tiny_data, tmp_path, k):
 
 ROW_KEYS = {"bytes", "count", "type", "redop", "root", "time_us", "time_us_median", "time_us_ci95", "time_us_cv",
             "iters", "algbw_GBps", "busbw_GBps", "book_GBps", "wrong"}
+# The probe's known delay: 200 ms on every third synced backward (a DDP comm hook;
+# no_sync() calls none). The undelayed pairs are the control, measured in the same job:
+# on this shared 2-core box back-to-back jobs see different loads (gloo's own 45 MB
+# all-reduce, ~50 ms of the synced arm, moved by 10-60 ms from job to job), so a
+# second job without the hook is no baseline.
+# Why 200 ms, not 50: the steps of two gloo ranks sharing two loaded cores vary by
+# 20-30 ms, and (likely) a sleeping rank hands its core to the other rank's backward,
+# so a 50 ms delay was found as 8-71 ms in eight 45-pair runs at load 1-4; 200 ms was
+# found as 194-236 ms in six 30-pair runs at load 3.5-9.
+DELAY_MS, EVERY, PAIRS = 200.0, 3, 30
+# A quarter of the delay: above the largest error seen (36 ms, at load 9 on 2 cores),
+# and far from what 0 ms gives (-11 to +18 ms in nine runs): injecting 0 ms fails.
+TOL_MS = 50.0
 
 
 def test_allreduce_and_probe_k2(tiny_data, tmp_path):
@@ -141,14 +155,29 @@ def test_allreduce_and_probe_k2(tiny_data, tmp_path):
     assert "# Out of bounds values : 0 OK" in log and "# Avg bus bandwidth" in log
     assert "out-of-place" in log and "in-place" in log
 
-    spec = make_spec(tiny_data, "ddp_comm_probe", 2, inputs={"allreduce": {"2": str(tmp_path / "ar/k.json")}})
-    rc, res, log = run_job(spec, tmp_path / "probe")
+    spec = make_spec(tiny_data, "ddp_comm_probe", 2, proto={"probe_pairs": PAIRS},
+                     inputs={"allreduce": {"2": str(tmp_path / "ar/k.json")}})
+    rc, res, log = run_job(spec, tmp_path / "probe", fault=f"delay_comm:ms={DELAY_MS:g}:every={EVERY}")
     assert rc == 0, log
     m = ok(res)
-    assert m["synced_ms"] > 0 and m["no_sync_ms"] > 0
+    assert m["pairs"] == PAIRS == len(m["comm_ms_pairs"]) == len(m["synced_ms_pairs"]) == len(m["no_sync_ms_pairs"])
+    assert m["comm_ms_pairs"] == pytest.approx([a - b for a, b in zip(m["synced_ms_pairs"], m["no_sync_ms_pairs"])])
+    assert m["comm_ms"] == statistics.median(m["comm_ms_pairs"]) and m["comm_vs_zero"] is True
     assert sum(m["bucket_bytes"]) == m["grad_bytes"] == 4 * 11_175_818
     assert m["pred_flat_ms"] == pytest.approx(m["pred_ring_ms"])  # identical at k=2 by construction
-    assert m["beta_placement"] == "in_place"
+    assert m["beta_placement"] == "in_place" and isinstance(m["comm_vs_pred_flat_ms"], bool)
+
+    delayed = set(m["injected_delay"]["delayed_pairs"])
+    assert len(delayed) == PAIRS // EVERY and {i % 2 for i in delayed} == {0, 1}   # both orders delayed
+    control = statistics.median([d for i, d in enumerate(m["comm_ms_pairs"]) if i not in delayed])
+    mi = stats.median_interval([d for i, d in enumerate(m["comm_ms_pairs"]) if i in delayed])
+    found, lo, hi = mi["median"] - control, mi["ci_lo"] - control, mi["ci_hi"] - control
+    # found: the median within TOL_MS of the injected delay, which the interval, widened
+    # by TOL_MS, contains (injecting 0 ms fails here) ...
+    assert abs(found - DELAY_MS) <= TOL_MS, f"found {found:.1f} ms for an injected {DELAY_MS:g} ms"
+    assert lo - TOL_MS <= DELAY_MS <= hi + TOL_MS, f"[{lo:.1f}, {hi:.1f}] ms, widened by {TOL_MS}, misses {DELAY_MS}"
+    # ... and told apart from no delay at all
+    assert lo > 0, f"the delay's interval [{lo:.1f}, {hi:.1f}] ms does not exclude 0"
 
 
 def test_allreduce_k1_is_trivially_correct(tiny_data, tmp_path):

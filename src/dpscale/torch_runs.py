@@ -418,9 +418,89 @@ def bucket_sizes(ctx: Ctx, **ddp_kwargs) -> list[int]:
     return seen[-1]
 
 
+def install_comm_delay(ctx: Ctx, model) -> list[bool] | None:
+    """Test hook (DPSCALE_FAULT=delay_comm:ms=M[:every=N][:rank=R]): a DDP comm hook
+    that sleeps M ms at the first bucket of every N-th synced backward (N=1: all of
+    them; every rank without rank=), then all-reduces as DDP's default hook does.
+    Under no_sync() DDP calls no hook, so the delay lands on the synced arm only: a
+    known comm cost for the probe to recover. With N > 1 the undelayed pairs are a
+    control measured in the same job, under the same load. Returns the list the hook
+    appends to, one flag per synced backward: whether it slept."""
+    f = ctx.fault
+    if not f or f["kind"] != "delay_comm" or f.get("rank", ctx.rank) != ctx.rank:
+        return None
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    delay_s, every = float(f.get("ms", 50)) / 1e3, int(f.get("every", 1))
+    slept: list[bool] = []
+
+    def delayed(state, bucket):
+        if bucket.index() == 0:   # once per backward
+            slept.append((len(slept) + 1) % every == 0)
+            if slept[-1]:
+                time.sleep(delay_s)
+        return allreduce_hook(state, bucket)
+    model.register_comm_hook(None, delayed)
+    ctx.log(f"injected delay: {1e3 * delay_s:g} ms in every {every} synced backward(s) (first bucket)")
+    return slept
+
+
+def trial_ms(ctx: Ctx, fn) -> float:
+    """One call of fn, timed from a device sync and a barrier to a device sync."""
+    sync(ctx.device)
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    sync(ctx.device)
+    return 1e3 * (time.perf_counter() - t0)
+
+
+def paired_trials(ctx: Ctx, synced, silent, pairs: int) -> tuple[list[float], list[float], torch.Tensor]:
+    """`pairs` pairs of one synced and one no_sync() trial, synced first on even pairs
+    and second on odd ones, so a slow drift (clocks, thermals, a neighbour's load)
+    adds the same to both arms and cancels in the difference. Returns the slowest
+    rank's ms per trial (every trial starts at a barrier: the slowest rank ends it)
+    for each arm, and this rank's own [pairs, 2] times."""
+    mine = torch.zeros(pairs, 2, dtype=torch.float64)
+    for i in range(pairs):
+        for arm in ((0, 1) if i % 2 == 0 else (1, 0)):
+            mine[i, arm] = trial_ms(ctx, (synced, silent)[arm])
+        if i == 0:
+            ctx.maybe_fault("step")
+    slowest = mine.to(ctx.device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    slowest = slowest.cpu()
+    return slowest[:, 0].tolist(), slowest[:, 1].tolist(), mine
+
+
+def probe_metrics(synced: list[float], silent: list[float]) -> dict:
+    """The paired differences, their median with its order-statistic 95% interval."""
+    diffs = [a - b for a, b in zip(synced, silent)]
+    mi = stats.median_interval(diffs)
+    return {"pairs": len(diffs), "pair_order": "synced first on even pairs, no_sync() first on odd ones",
+            "synced_ms_pairs": synced, "no_sync_ms_pairs": silent, "comm_ms_pairs": diffs,
+            "comm_ms": mi["median"], "comm_ms_ci95": [mi["ci_lo"], mi["ci_hi"]],
+            "comm_ms_ci95_coverage": mi["coverage"],
+            "synced_ms": statistics.median(synced), "no_sync_ms": statistics.median(silent)}
+
+
+def probe_predictions(ctx: Ctx, buckets: list[int]) -> dict:
+    """The cost model's comm time for these buckets, priced with the k=2 all-reduce sweep."""
+    path = ctx.spec["inputs"].get("allreduce", {}).get("2")
+    if not path:
+        return {}
+    res = load_result(path)
+    if res["status"] != "ok":
+        return {}
+    sweep = costmodel.allreduce_sweep(res["metrics"])
+    return {**costmodel.predict_comm(buckets, sweep, ctx.world), "beta_source": path,
+            "beta_placement": sweep["placement"]}
+
+
 def exp_comm_probe(ctx: Ctx):
-    """synced vs no_sync() step time: the difference estimates what communication costs."""
+    """synced vs no_sync() step time in interleaved pairs: the paired difference
+    estimates what communication costs a step, against the cost model's predictions."""
     model = build_ddp(ctx)
+    slept = install_comm_delay(ctx, model)
     loss_fn = nn.CrossEntropyLoss()
     X, y = synthetic_batch(ctx, ctx.proto["per_rank_batch"])
 
@@ -431,27 +511,30 @@ def exp_comm_probe(ctx: Ctx):
     def silent():
         with model.no_sync():
             fwd_bwd()
-    w, n = ctx.proto["probe_warmup"], ctx.proto["probe_steps"]
-    synced, synced_steps = timed_steps(ctx, fwd_bwd, w, n)
-    unsynced, unsynced_steps = timed_steps(ctx, silent, w, n)
-    rows = per_rank_merge(ctx, {"synced_ms": 1e3 * synced, "no_sync_ms": 1e3 * unsynced,
-                                "synced_steps": summary(synced_steps),
-                                "no_sync_steps": summary(unsynced_steps)})
+    for _ in range(ctx.proto["probe_warmup"]):
+        fwd_bwd()
+        silent()
+    synced_ms, no_sync_ms, mine = paired_trials(ctx, fwd_bwd, silent, ctx.proto["probe_pairs"])
+    rows = per_rank_merge(ctx, {"synced_ms_median": statistics.median(mine[:, 0].tolist()),
+                                "no_sync_ms_median": statistics.median(mine[:, 1].tolist())})
     buckets = bucket_sizes(ctx)
     n_bytes = 4 * sum(p.numel() for p in model.parameters())
-    synced_ms = max(r["synced_ms"] for r in rows)     # the slowest rank sets the pace
-    no_sync_ms = max(r["no_sync_ms"] for r in rows)
-    m = {"synced_ms": synced_ms, "no_sync_ms": no_sync_ms, "comm_ms": synced_ms - no_sync_ms,
-         "grad_bytes": n_bytes, "bucket_bytes": buckets, "per_rank": rows,
-         "book_beta_GBps": 4.5, "pred_book_ms": 1e3 * 2 * n_bytes / 4.5e9}
-    sweeps = ctx.spec["inputs"].get("allreduce", {})
-    k2 = sweeps.get("2")
-    if k2:
-        res = load_result(k2)
-        if res["status"] == "ok":
-            sweep = costmodel.allreduce_sweep(res["metrics"])
-            m.update(costmodel.predict_comm(buckets or [n_bytes], sweep, ctx.world))
-            m["beta_source"], m["beta_placement"] = k2, sweep["placement"]
+    m = {**probe_metrics(synced_ms, no_sync_ms), "grad_bytes": n_bytes, "bucket_bytes": buckets,
+         "per_rank": rows, "book_beta_GBps": 4.5, "pred_book_ms": 1e3 * 2 * n_bytes / 4.5e9}
+    m.update(probe_predictions(ctx, buckets or [n_bytes]))
+    lo, hi = m["comm_ms_ci95"]
+    m["comm_vs_zero"] = stats.excludes(lo, hi, 0.0)   # True: the interval leaves 0 out
+    for key in ("pred_flat_ms", "pred_ring_ms", "pred_book_ms"):
+        if key in m:
+            m[f"comm_vs_{key}"] = stats.excludes(lo, hi, m[key])
+    if slept is not None:   # a result measured with the test hook says so, and where it slept
+        w = ctx.proto["probe_warmup"]
+        m["injected_delay"] = {"ms": float(ctx.fault.get("ms", 50)), "every": int(ctx.fault.get("every", 1)),
+                               "delayed_pairs": [i for i, s in enumerate(slept[w:]) if s]}
+    if ctx.rank == 0:
+        iv = f"95% [{lo:.2f}, {hi:.2f}]" if lo is not None else "no interval"
+        ctx.log(f"comm {m['comm_ms']:.2f} ms, {iv} over {m['pairs']} pairs "
+                f"(medians: synced {m['synced_ms']:.2f} ms, no_sync {m['no_sync_ms']:.2f} ms)")
     return m
 
 
