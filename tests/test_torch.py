@@ -117,6 +117,7 @@ def test_fsdp_shards_state(tiny_data, tmp_path, k):
     m = ok(res)
     # parameters, gradients and momentum are each 1/k of DDP's (up to padding)
     assert m["state_ratio_fsdp_over_ddp"] == pytest.approx(1 / k, rel=0.02)
+    assert all(len(m[side]["step_ms_ci95"]) == 2 and m[side]["step_ms_median"] > 0 for side in ("fsdp", "ddp"))
     assert [r["stage"] for r in m["zero_sizing_7B_8x80GB"]] == [0, 1, 2, 3]
 
 
@@ -203,6 +204,7 @@ def test_bucket_sweep_k2(tiny_data, tmp_path):
     rows = ok(res)["sweep"]
     assert [r["bucket_cap_MiB"] for r in rows] == [1, 25]
     assert rows[0]["n_buckets"] > rows[1]["n_buckets"] >= 1   # smaller cap, more buckets
+    assert all(len(r["step_ms_ci95"]) == 2 for r in rows)     # [None, None] below 6 steps
 
 
 def test_memcpy_variants_skip_on_gloo(tiny_data, tmp_path):

@@ -721,6 +721,12 @@ def exp_memcpy_training(ctx: Ctx):
     return throughput_metrics(ctx, rows, None, None)
 
 
+def step_ms_ci95(steps_ms: list[float]) -> list[float | None]:
+    """The order-statistic 95% interval of the median step time ([None, None] below 6 steps)."""
+    mi = stats.median_interval(steps_ms)
+    return [mi["ci_lo"], mi["ci_hi"]]
+
+
 def exp_bucket_sweep(ctx: Ctx):
     """Exercise 1: DDP throughput against bucket_cap_mb, on device-resident batches."""
     batch = ctx.proto["per_rank_batch"]
@@ -742,7 +748,8 @@ def exp_bucket_sweep(ctx: Ctx):
         sizes = bucket_sizes(ctx, bucket_cap_mb=cap)
         rows.append({"bucket_cap_MiB": cap, "n_buckets": len(sizes), "bucket_bytes": sizes,
                      "samples_per_s": batch * ctx.world / t.item(), "step_ms_median": st["median_ms"],
-                     "step_ms_p10": st["p10_ms"], "step_ms_p90": st["p90_ms"]})
+                     "step_ms_ci95": step_ms_ci95(steps), "step_ms_p10": st["p10_ms"], "step_ms_p90": st["p90_ms"],
+                     "step_ms_rank": ctx.rank})   # rank 0's steps: the rows written are rank 0's
         if ctx.rank == 0:
             ctx.log(f"bucket_cap_mb={cap}: {rows[-1]['samples_per_s']:.0f} samples/s")
         del model, opt
@@ -795,11 +802,14 @@ def exp_fsdp(ctx: Ctx):
             torch.cuda.reset_peak_memory_stats(ctx.device)
         mean_s, steps = timed_steps(ctx, step, 0, ctx.proto["sweep_steps"])
         st = summary(steps)
-        mine = {**_state_bytes(model, opt), "step_ms_median": st["median_ms"],
+        mine = {**_state_bytes(model, opt), "step_ms_median": st["median_ms"], "step_ms_ci95": step_ms_ci95(steps),
                 "samples_per_s": batch / mean_s,
                 "peak_mem_MiB": torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.cuda else None}
         rows = per_rank_merge(ctx, mine)
+        slowest = max(rows, key=lambda r: r["step_ms_median"])
         out[name] = {"samples_per_s": sum(r["samples_per_s"] for r in rows),
+                     "step_ms_median": slowest["step_ms_median"], "step_ms_ci95": slowest["step_ms_ci95"],
+                     "step_ms_rank": slowest["rank"],
                      "peak_mem_MiB_max": max((r["peak_mem_MiB"] or 0) for r in rows) or None,
                      "state_MiB_per_rank": max(r["params_MiB"] + r["grads_MiB"] + r["optimizer_MiB"] for r in rows),
                      "per_rank": rows}
