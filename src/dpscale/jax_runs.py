@@ -252,6 +252,58 @@ def run_epochs(ctx: Ctx, step, live, steps: int, B: int, warmup: int, repeats: i
     return history, loss, first_step_s
 
 
+def weak_step(variant: str, model, opt, mesh, x_u8, y_all, steps: int, B: int):
+    """The variant's step(i) -> loss on batch i, live() -> what a sync waits for (the
+    newest parameters: the tuned step donates the old ones), and write_back(), which
+    puts the tuned step's flat state back into model and opt."""
+    def state():
+        return nnx.state((model, opt))
+
+    if variant == "host":
+        X_all = (x_u8.astype(np.float32) / 255)[..., None]   # the book keeps float32 NHWC on the host
+
+        def host_step(i):
+            X, y = X_all[i * B:(i + 1) * B], y_all[i * B:(i + 1) * B]
+            return train_step(model, opt, *shard_batch(X, y, mesh))
+        return host_step, state, lambda: None
+    n = steps * B
+    # [steps, B, H, W] with the batch axis sharded: batch i is rows i*B..(i+1)*B as in
+    # the host loop, and each device already holds its b rows of every batch.
+    sh = NamedSharding(mesh, P(None, "data"))
+    xs = jax.device_put(x_u8[:n].reshape(steps, B, *x_u8.shape[1:]), sh)
+    ys = jax.device_put(y_all[:n].reshape(steps, B), sh)
+    # Step indices go up once too: a Python int would be a host-to-device copy per step.
+    idx = [jax.device_put(np.int32(i), NamedSharding(mesh, P())) for i in range(steps)]
+    block(xs, ys, idx)
+    if variant == "device":
+        return (lambda i: resident_step(model, opt, xs, ys, idx[i])), state, lambda: None
+    graphdef, flat = nnx.split((model, opt))
+    leaves, treedef = jax.tree.flatten(flat)
+    fast = pure_resident_step(graphdef, treedef)
+
+    def tuned_step(i):
+        nonlocal leaves
+        loss, leaves = fast(leaves, xs, ys, idx[i])
+        return loss
+    return tuned_step, lambda: leaves, lambda: nnx.update((model, opt), jax.tree.unflatten(treedef, leaves))
+
+
+def per_step_pass(step, live, steps: int, n: int = 20) -> tuple[dict, dict]:
+    """Summaries of the per-step ms and of the host call's ms, from a short pass that
+    blocks after every step. Not inside the timed epochs: blocking there would stop the
+    host from running ahead of the devices and change what samples_per_s measures. The
+    host call (dispatch; for host, also the batch copy) is timed while the devices are
+    idle: dispatch_ms x steps close to epoch_s = host-bound."""
+    per_step, dispatch = [], []
+    for i in range(min(steps, n)):
+        t = time.perf_counter()
+        loss = step(i)
+        dispatch.append(1e3 * (time.perf_counter() - t))
+        block(loss, live())
+        per_step.append(1e3 * (time.perf_counter() - t))
+    return summary(per_step), summary(dispatch)
+
+
 def exp_weak(ctx: Ctx) -> dict:
     """The book's jax_throughput: per-device batch fixed, global batch k times it;
     epochs-1 epochs warm up (the first compiles), then `repeats` epochs are timed
@@ -274,61 +326,15 @@ def exp_weak(ctx: Ctx) -> dict:
     peak = measure_matmul_peak(mesh.devices.flat[0]) if gpu else None
     model, opt = build(mesh, jnp.bfloat16 if variant == "tuned" else None)
 
-    if variant == "host":
-        X_all = (x_u8.astype(np.float32) / 255)[..., None]   # the book keeps float32 NHWC on the host
-
-        def step(i):
-            X, y = X_all[i * B:(i + 1) * B], y_all[i * B:(i + 1) * B]
-            return train_step(model, opt, *shard_batch(X, y, mesh))
-    else:
-        n = steps * B
-        # [steps, B, H, W] with the batch axis sharded: batch i is rows i*B..(i+1)*B as in
-        # the host loop, and each device already holds its b rows of every batch.
-        sh = NamedSharding(mesh, P(None, "data"))
-        xs = jax.device_put(x_u8[:n].reshape(steps, B, *x_u8.shape[1:]), sh)
-        ys = jax.device_put(y_all[:n].reshape(steps, B), sh)
-        # Step indices go up once too: a Python int would be a host-to-device copy per step.
-        idx = [jax.device_put(np.int32(i), NamedSharding(mesh, P())) for i in range(steps)]
-        block(xs, ys, idx)
-        if variant == "device":
-            def step(i):
-                return resident_step(model, opt, xs, ys, idx[i])
-        else:
-            graphdef, state = nnx.split((model, opt))
-            leaves, treedef = jax.tree.flatten(state)
-            fast = pure_resident_step(graphdef, treedef)
-
-            def step(i):
-                nonlocal leaves
-                loss, leaves = fast(leaves, xs, ys, idx[i])
-                return loss
-
-    def live():
-        """What a sync waits for: the newest parameters (donated ones are gone)."""
-        return leaves if variant == "tuned" else nnx.state((model, opt))
-
+    step, live, write_back = weak_step(variant, model, opt, mesh, x_u8, y_all, steps, B)
     history, loss, first_step_s = run_epochs(ctx, step, live, steps, B, ctx.proto["epochs"] - 1, ctx.proto["repeats"])
     loss_last = float(loss)
     timed = [e for e in history if e["repeat"] is not None]
     first = timed[0]   # the book's timed epoch
-
-    # Per-step times come from a separate short pass that blocks after every step:
-    # blocking inside the timed epoch would stop the host from running ahead of the
-    # devices and change what samples_per_s measures. The same pass times the host's
-    # share: how long a call takes to return (dispatch; for host, also the batch copy)
-    # when the devices are idle. dispatch_ms x steps close to epoch_s = host-bound.
-    per_step, dispatch = [], []
-    for i in range(min(steps, 20)):
-        t = time.perf_counter()
-        loss = step(i)
-        dispatch.append(1e3 * (time.perf_counter() - t))
-        block(loss, live())
-        per_step.append(1e3 * (time.perf_counter() - t))
-    st, ds = summary(per_step), summary(dispatch)
+    st, ds = per_step_pass(step, live, steps)
     ctx.log(f"per-step pass: median {st['median_ms']:.1f} ms over {st['n']} steps, of which the host "
             f"call {ds['median_ms']:.1f} ms; first timed epoch {1e3 * first['seconds'] / steps:.1f} ms/step")
-    if variant == "tuned":
-        nnx.update((model, opt), jax.tree.unflatten(treedef, leaves))
+    write_back()
 
     m = {"samples_per_s": first["samples_per_s"], "repeats": len(timed),
          **spread_fields("samples_per_s", [e["samples_per_s"] for e in timed]),
