@@ -11,13 +11,13 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import CPU_FP, ROOT, make_spec, run_job
+from conftest import CPU_FP, ROOT, TINY, make_spec, run_job
 
 from dpscale.models import NUM_PARAMS
 from dpscale.results import validate_result
 
 # Tiny on purpose: a CPU step of the full ResNet-18 costs ~0.3-1 s even at 16x16.
-PROTO = {"train_images": 8, "per_rank_batch": 4}   # image_size 16, epochs 2 from conftest.TINY
+PROTO = {"train_images": 8, "per_rank_batch": 4}   # image_size 16, epochs 2, repeats 2 from conftest.TINY
 
 
 def run_ok(tiny_data, tmp_path, experiment, k, variant="default") -> dict:
@@ -92,10 +92,16 @@ def test_gpu_backend_without_gpus_fails_loudly(tiny_data, tmp_path):
 ])
 def test_weak(tiny_data, tmp_path, k, variant):
     m = run_ok(tiny_data, tmp_path, "jax_weak", k, variant)
-    b, epochs = PROTO["per_rank_batch"], 2
+    b, warmup, repeats = PROTO["per_rank_batch"], TINY["epochs"] - 1, TINY["repeats"]
     assert m["samples_per_s"] > 0 and m["samples_per_s_per_device"] == pytest.approx(m["samples_per_s"] / k)
     assert m["global_batch"] == k * b and m["steps_per_epoch"] == PROTO["train_images"] // (k * b)
-    assert [e["samples"] for e in m["epochs"]] == [m["steps_per_epoch"] * k * b] * epochs
+    assert [e["samples"] for e in m["epochs"]] == [m["steps_per_epoch"] * k * b] * (warmup + repeats)
+    # the book's warm-up epoch, then `repeats` timed ones: the first is the book's figure
+    assert [e["repeat"] for e in m["epochs"]] == [None] * warmup + list(range(repeats))
+    assert m["repeats"] == repeats and m["samples_per_s_repeats"][0] == m["samples_per_s"]
+    assert m["samples_per_s_repeats"] == [e["samples_per_s"] for e in m["epochs"][warmup:]]
+    lo, hi = m["samples_per_s_ci95"]
+    assert lo <= m["samples_per_s_mean"] <= hi and m["epoch_s"] == m["epochs"][warmup]["seconds"]
     assert 0 < m["step_ms_p10"] <= m["step_ms_median"] <= m["step_ms_p90"]
     assert m["first_step_s"] > 0 and np.isfinite(m["loss_last"]) and m["dispatch_ms_median"] > 0
     assert ("tuned_options" in m) == (variant == "tuned")

@@ -42,6 +42,24 @@ def test_predictions_agree_at_k2_and_part_at_k4():
     assert p4["pred_ring_ms"] == pytest.approx(1.5 * p2["pred_ring_ms"])     # 2(k-1)/k: 1 -> 1.5
 
 
+def test_allreduce_sweep_reads_the_table_and_old_results():
+    row = {"bytes": 2**20, "time_us_median": 100.0}
+    table = {"out_of_place": [dict(row, time_us_median=120.0)], "in_place": [row]}
+    assert costmodel.allreduce_sweep({"table": table}) == {"bytes": [2**20], "time_s": [1e-4], "placement": "in_place"}
+    assert costmodel.allreduce_sweep({"table": {"out_of_place": [row]}})["placement"] == "out_of_place"
+    old = {"sweep": [{"MiB": 1, "bytes": 2**20, "time_ms_median": 0.1, "correct": True}]}   # before the table
+    assert costmodel.allreduce_sweep(old) == {"bytes": [2**20], "time_s": [1e-4], "placement": "in_place"}
+
+
+def test_spread_fields_over_repeats():
+    f = timing.spread_fields("samples_per_s", [100.0, 110.0, 90.0])
+    assert f["samples_per_s_repeats"] == [100.0, 110.0, 90.0] and f["samples_per_s_median"] == 100.0
+    assert (f["samples_per_s_min"], f["samples_per_s_max"], f["samples_per_s_mean"]) == (90.0, 110.0, 100.0)
+    lo, hi = f["samples_per_s_ci95"]
+    assert lo == pytest.approx(100 - 4.303 * 10 / 3 ** 0.5, abs=0.01) and hi == pytest.approx(200 - lo)
+    assert timing.spread_fields("x", [1.0])["x_ci95"] == [None, None]
+
+
 def test_k8_prediction_from_book_numbers():
     # the book's weak efficiencies: 88% at k=2, 82% at k=4
     p = costmodel.weak_efficiency_k({1: 1.0, 2: 0.88, 4: 0.82}, 8)

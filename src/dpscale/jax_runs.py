@@ -32,7 +32,7 @@ from flax import nnx
 from . import costmodel, data as dsdata, registry
 from .models import count_flax, flax_resnet18
 from .results import utc_now, write_result
-from .timing import summary
+from .timing import spread_fields, summary
 
 P = jax.sharding.PartitionSpec
 NamedSharding = jax.sharding.NamedSharding
@@ -224,9 +224,90 @@ def peak_mem_MiB(devices) -> float | None:
 
 # ---------------------------------------------------------------- jax_weak
 
+def run_epochs(ctx: Ctx, step, live, steps: int, B: int, warmup: int, repeats: int):
+    """`warmup` epochs (the first traces and compiles), then `repeats` timed epochs,
+    each without any sync inside it. Returns (per-epoch history, the last loss, the
+    first step's seconds: trace + compile + run)."""
+    every = max(1, steps // 5)
+    history, loss, first_step_s = [], None, None
+    for epoch in range(warmup + repeats):
+        rep = epoch - warmup if epoch >= warmup else None
+        block(live())
+        t0 = time.perf_counter()
+        for i in range(steps):
+            loss = step(i)
+            if epoch == 0 and i == 0:
+                block(loss, live())
+                first_step_s = time.perf_counter() - t0
+                ctx.log(f"first step (trace + compile + run): {first_step_s:.2f} s")
+            elif (i + 1) % every == 0:   # the loss syncs: printed in warm-up epochs only
+                ctx.log(f"epoch {epoch} step {i + 1}/{steps} "
+                        + ("dispatched" if rep is not None else f"loss {float(loss):.3f}"))
+        block(loss, live())
+        dt = time.perf_counter() - t0
+        history.append({"epoch": epoch, "repeat": rep, "samples": steps * B, "seconds": dt,
+                        "samples_per_s": steps * B / dt})
+        ctx.log(f"epoch {epoch}: {steps * B} samples in {dt:.2f} s = {steps * B / dt:.0f} samples/s"
+                + (" (warm-up)" if rep is None else f" (timed, repeat {rep + 1}/{repeats})"))
+    return history, loss, first_step_s
+
+
+def weak_step(variant: str, model, opt, mesh, x_u8, y_all, steps: int, B: int):
+    """The variant's step(i) -> loss on batch i, live() -> what a sync waits for (the
+    newest parameters: the tuned step donates the old ones), and write_back(), which
+    puts the tuned step's flat state back into model and opt."""
+    def state():
+        return nnx.state((model, opt))
+
+    if variant == "host":
+        X_all = (x_u8.astype(np.float32) / 255)[..., None]   # the book keeps float32 NHWC on the host
+
+        def host_step(i):
+            X, y = X_all[i * B:(i + 1) * B], y_all[i * B:(i + 1) * B]
+            return train_step(model, opt, *shard_batch(X, y, mesh))
+        return host_step, state, lambda: None
+    n = steps * B
+    # [steps, B, H, W] with the batch axis sharded: batch i is rows i*B..(i+1)*B as in
+    # the host loop, and each device already holds its b rows of every batch.
+    sh = NamedSharding(mesh, P(None, "data"))
+    xs = jax.device_put(x_u8[:n].reshape(steps, B, *x_u8.shape[1:]), sh)
+    ys = jax.device_put(y_all[:n].reshape(steps, B), sh)
+    # Step indices go up once too: a Python int would be a host-to-device copy per step.
+    idx = [jax.device_put(np.int32(i), NamedSharding(mesh, P())) for i in range(steps)]
+    block(xs, ys, idx)
+    if variant == "device":
+        return (lambda i: resident_step(model, opt, xs, ys, idx[i])), state, lambda: None
+    graphdef, flat = nnx.split((model, opt))
+    leaves, treedef = jax.tree.flatten(flat)
+    fast = pure_resident_step(graphdef, treedef)
+
+    def tuned_step(i):
+        nonlocal leaves
+        loss, leaves = fast(leaves, xs, ys, idx[i])
+        return loss
+    return tuned_step, lambda: leaves, lambda: nnx.update((model, opt), jax.tree.unflatten(treedef, leaves))
+
+
+def per_step_pass(step, live, steps: int, n: int = 20) -> tuple[dict, dict]:
+    """Summaries of the per-step ms and of the host call's ms, from a short pass that
+    blocks after every step. Not inside the timed epochs: blocking there would stop the
+    host from running ahead of the devices and change what samples_per_s measures. The
+    host call (dispatch; for host, also the batch copy) is timed while the devices are
+    idle: dispatch_ms x steps close to epoch_s = host-bound."""
+    per_step, dispatch = [], []
+    for i in range(min(steps, n)):
+        t = time.perf_counter()
+        loss = step(i)
+        dispatch.append(1e3 * (time.perf_counter() - t))
+        block(loss, live())
+        per_step.append(1e3 * (time.perf_counter() - t))
+    return summary(per_step), summary(dispatch)
+
+
 def exp_weak(ctx: Ctx) -> dict:
     """The book's jax_throughput: per-device batch fixed, global batch k times it;
-    epoch 0 warms up and compiles, the last epoch is timed without any sync inside it.
+    epochs-1 epochs warm up (the first compiles), then `repeats` epochs are timed
+    without any sync inside them; the first timed one is the book's figure.
 
     host    the book's loop: float32 batches staged in host memory, device_put each step
     device  the whole uint8 set put on the devices once, batches sliced on the device
@@ -245,91 +326,27 @@ def exp_weak(ctx: Ctx) -> dict:
     peak = measure_matmul_peak(mesh.devices.flat[0]) if gpu else None
     model, opt = build(mesh, jnp.bfloat16 if variant == "tuned" else None)
 
-    if variant == "host":
-        X_all = (x_u8.astype(np.float32) / 255)[..., None]   # the book keeps float32 NHWC on the host
-
-        def step(i):
-            X, y = X_all[i * B:(i + 1) * B], y_all[i * B:(i + 1) * B]
-            return train_step(model, opt, *shard_batch(X, y, mesh))
-    else:
-        n = steps * B
-        # [steps, B, H, W] with the batch axis sharded: batch i is rows i*B..(i+1)*B as in
-        # the host loop, and each device already holds its b rows of every batch.
-        sh = NamedSharding(mesh, P(None, "data"))
-        xs = jax.device_put(x_u8[:n].reshape(steps, B, *x_u8.shape[1:]), sh)
-        ys = jax.device_put(y_all[:n].reshape(steps, B), sh)
-        # Step indices go up once too: a Python int would be a host-to-device copy per step.
-        idx = [jax.device_put(np.int32(i), NamedSharding(mesh, P())) for i in range(steps)]
-        block(xs, ys, idx)
-        if variant == "device":
-            def step(i):
-                return resident_step(model, opt, xs, ys, idx[i])
-        else:
-            graphdef, state = nnx.split((model, opt))
-            leaves, treedef = jax.tree.flatten(state)
-            fast = pure_resident_step(graphdef, treedef)
-
-            def step(i):
-                nonlocal leaves
-                loss, leaves = fast(leaves, xs, ys, idx[i])
-                return loss
-
-    def live():
-        """What a sync waits for: the newest parameters (donated ones are gone)."""
-        return leaves if variant == "tuned" else nnx.state((model, opt))
-
-    epochs = ctx.proto["epochs"]
-    every = max(1, steps // 5)
-    history, loss, first_step_s = [], None, None
-    for epoch in range(epochs):
-        timed = epoch == epochs - 1
-        block(live())
-        t0 = time.perf_counter()
-        for i in range(steps):
-            loss = step(i)
-            if epoch == 0 and i == 0:
-                block(loss, live())
-                first_step_s = time.perf_counter() - t0
-                ctx.log(f"first step (trace + compile + run): {first_step_s:.2f} s")
-            elif not timed and (i + 1) % every == 0:
-                ctx.log(f"epoch {epoch} step {i + 1}/{steps} loss {float(loss):.3f}")   # syncs: warm-up only
-            elif timed and (i + 1) % every == 0:
-                ctx.log(f"epoch {epoch} step {i + 1}/{steps} dispatched")
-        block(loss, live())
-        dt = time.perf_counter() - t0
-        history.append({"epoch": epoch, "samples": steps * B, "seconds": dt, "samples_per_s": steps * B / dt})
-        ctx.log(f"epoch {epoch}: {steps * B} samples in {dt:.2f} s = {steps * B / dt:.0f} samples/s"
-                + (" (warm-up)" if not timed else ""))
+    step, live, write_back = weak_step(variant, model, opt, mesh, x_u8, y_all, steps, B)
+    history, loss, first_step_s = run_epochs(ctx, step, live, steps, B, ctx.proto["epochs"] - 1, ctx.proto["repeats"])
     loss_last = float(loss)
-
-    # Per-step times come from a separate short pass that blocks after every step:
-    # blocking inside the timed epoch would stop the host from running ahead of the
-    # devices and change what samples_per_s measures. The same pass times the host's
-    # share: how long a call takes to return (dispatch; for host, also the batch copy)
-    # when the devices are idle. dispatch_ms x steps close to epoch_s = host-bound.
-    per_step, dispatch = [], []
-    for i in range(min(steps, 20)):
-        t = time.perf_counter()
-        loss = step(i)
-        dispatch.append(1e3 * (time.perf_counter() - t))
-        block(loss, live())
-        per_step.append(1e3 * (time.perf_counter() - t))
-    st, ds = summary(per_step), summary(dispatch)
+    timed = [e for e in history if e["repeat"] is not None]
+    first = timed[0]   # the book's timed epoch
+    st, ds = per_step_pass(step, live, steps)
     ctx.log(f"per-step pass: median {st['median_ms']:.1f} ms over {st['n']} steps, of which the host "
-            f"call {ds['median_ms']:.1f} ms; timed epoch {1e3 * history[-1]['seconds'] / steps:.1f} ms/step")
-    if variant == "tuned":
-        nnx.update((model, opt), jax.tree.unflatten(treedef, leaves))
+            f"call {ds['median_ms']:.1f} ms; first timed epoch {1e3 * first['seconds'] / steps:.1f} ms/step")
+    write_back()
 
-    last = history[-1]
-    m = {"samples_per_s": last["samples_per_s"], "samples_per_s_per_device": last["samples_per_s"] / k,
-         "per_rank_batch": b, "global_batch": B, "steps_per_epoch": steps, "epoch_s": last["seconds"],
-         "epoch_ms_per_step": 1e3 * last["seconds"] / steps,
+    m = {"samples_per_s": first["samples_per_s"], "repeats": len(timed),
+         **spread_fields("samples_per_s", [e["samples_per_s"] for e in timed]),
+         "samples_per_s_per_device": first["samples_per_s"] / k,
+         "per_rank_batch": b, "global_batch": B, "steps_per_epoch": steps, "epoch_s": first["seconds"],
+         "epoch_s_repeats": [e["seconds"] for e in timed], "epoch_ms_per_step": 1e3 * first["seconds"] / steps,
          "step_ms_median": st["median_ms"], "step_ms_p10": st["p10_ms"], "step_ms_p90": st["p90_ms"],
          "step_ms_n": st["n"], "dispatch_ms_median": ds["median_ms"],
          # >= 1: the host cannot issue steps as fast as the devices run them
-         "dispatch_share_of_epoch": ds["median_ms"] * steps / (1e3 * last["seconds"]),
+         "dispatch_share_of_epoch": ds["median_ms"] * steps / (1e3 * first["seconds"]),
          "first_step_s": first_step_s, "loss_last": loss_last,
-         "timed_epoch_includes_compile": epochs < 2, "epochs": history,
+         "timed_epoch_includes_compile": ctx.proto["epochs"] < 2, "epochs": history,
          "peak_mem_MiB": peak_mem_MiB(mesh.devices.flat),
          "input_path": {"host": "host float32 batches, device_put per step",
                         "device": "device-resident uint8 set, sliced per step",

@@ -128,7 +128,7 @@ class Experiment:
         return self.protocol + self.variant(variant).extra_protocol
 
 
-COMMON = ("timing", "results", "models", "costmodel", "data")
+COMMON = ("timing", "stats", "results", "models", "costmodel", "data")
 TORCH_SOURCES = ("torch_runs",) + COMMON
 JAX_SOURCES = ("jax_runs",) + COMMON
 THROUGHPUT = ("image_size", "train_images", "epochs", "repeats")
@@ -153,7 +153,7 @@ _ALL = (
            inputs=("raw", "cache", "meta")),
     _torch("ddp_comm_probe", "synced against no_sync() step time, against the cost model",
            "exp_comm_probe", (DEFAULT,), multi_k,
-           ("image_size", "per_rank_batch", "probe_warmup", "probe_steps"), "communication",
+           ("image_size", "per_rank_batch", "probe_warmup", "probe_pairs"), "communication",
            needs=(Needs("allreduce", "default", 2),)),
     _torch("allreduce", "bare all-reduce over a payload sweep, nccl-tests' protocol", "exp_allreduce",
            (DEFAULT, MEMCPY), multi_k, ("allreduce_MiB", "allreduce_warmup", "allreduce_iters"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from . import stats
+
 
 def summary(values_ms: list[float]) -> dict:
     """Median and spread of a list of times in ms; cv = stdev / mean (step-to-step noise)."""
@@ -19,6 +21,15 @@ def summary(values_ms: list[float]) -> dict:
     return {"median_ms": statistics.median(s), "p10_ms": q(0.1), "p90_ms": q(0.9),
             "min_ms": s[0], "max_ms": s[-1], "n": len(s),
             "cv": statistics.stdev(s) / mean if len(s) > 1 and mean else None}
+
+
+def spread_fields(name: str, xs: list[float]) -> dict:
+    """A number measured once per timed repeat, with its spread: `<name>_repeats`,
+    `<name>_median/_min/_max/_mean/_cv` and `<name>_ci95` [lo, hi], the Student-t 95%
+    interval of the mean (stats.interval; [None, None] below two repeats)."""
+    iv = stats.interval(xs)
+    return {f"{name}_repeats": list(xs), **{f"{name}_{key}": iv[key] for key in ("median", "min", "max", "mean", "cv")},
+            f"{name}_ci95": [iv["ci_lo"], iv["ci_hi"]]}
 
 
 class StepTimer:

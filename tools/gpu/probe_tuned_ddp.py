@@ -11,12 +11,14 @@ Usage: python tools/gpu/probe_tuned_ddp.py [budget_s] VARIANT [VARIANT ...]
   variants: base nocompile outer noddp bucketview bucketview_static no_optimize_ddp maxautotune
             maxautotune_bucketview nobn_noddp (every BatchNorm2d replaced by Identity:
             a bound, not the model)"""
-import contextlib, json, os, re, sys, time
+import contextlib, json, os, sys, time
 sys.path.insert(0, "src")
 import torch, torch.distributed as dist
 from dpscale import torch_runs as tr
 from dpscale.models import torch_resnet18
-from dpscale.specs import TUNED_OPTIONS
+from dpscale.registry import TORCH_TUNED
+
+TUNED_OPTIONS = dict(TORCH_TUNED.options)
 
 T0 = time.time()
 BUDGET = float(sys.argv[1])
@@ -27,7 +29,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29612", RANK="0", WORLD_
 
 
 class ProbeCtx(tr.Ctx):
-    """train_epochs logs each epoch's samples/s: kept, to take the median of the timed ones."""
+    """train_epochs' log lines, kept."""
     def __init__(self, spec):
         super().__init__(spec)
         self.lines = []
@@ -72,9 +74,8 @@ def run(name, tuned=None, ddp=True, bn=True, optimize_ddp=True, outer=False):
     g = torch.Generator(device=ctx.device).manual_seed(0)
     batches = [(torch.rand(B, 1, S, S, device=ctx.device, generator=g).contiguous(memory_format=torch.channels_last),
                 torch.randint(0, 10, (B,), device=ctx.device, generator=g)) for _ in range(STEPS)]
-    r = tr.train_epochs(ctx, model, lambda epoch: batches, True, 1 + REPS, side=side)
-    rates = sorted(float(m.group(1)) for line in ctx.lines[1:]
-                   if (m := re.search(r"= (\d+) samples/s", line)))
+    r = tr.train_epochs(ctx, model, lambda epoch: batches, True, 1, REPS, side=side)
+    rates = sorted(B * STEPS / s for s in r["seconds_repeats"])
     print(json.dumps({"name": name, "B": B, "samples_per_s_median": rates[len(rates) // 2],
                       "min": rates[0], "max": rates[-1], "step_ms_median": round(r["steps"]["median_ms"], 2),
                       "cuda_graph": r["cuda_graph"], "cuda_graph_error": r["cuda_graph_error"],
