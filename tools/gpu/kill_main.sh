@@ -7,9 +7,11 @@
 # compute processes. Needs Snakemake (tools/gpu/run.sh installs it from .whl/).
 set -u
 TARGET=${1:-results/runs/ddp_weak/tuned/k1.json}
-CFG=(--config 'ks=[1]')
-rm -f "$TARGET"
-setsid snakemake --cores 16 "$TARGET" "${CFG[@]}" > "${OUT:-.}/kill_main_smk.log" 2>&1 &
+WORK=${WORK:-/tmp/kill_main}   # its own working folder: the main run's results stay as they are
+CFG=(--config 'ks=[1]' 'data={source: synthetic}')
+SMK=(snakemake -s "$PWD/Snakefile" -d "$WORK" --cores 16)
+mkdir -p "$WORK"; rm -f "$WORK/$TARGET"
+setsid "${SMK[@]}" "$TARGET" "${CFG[@]}" > "${OUT:-.}/kill_main_smk.log" 2>&1 &
 SMK=$!
 echo "snakemake main pid $SMK; waiting for a rank of torch_worker.py on the GPU"
 for _ in $(seq 600); do
@@ -28,6 +30,6 @@ for i in $(seq 15); do
 done
 echo "nvidia-smi 15 s after the kill:"; nvidia-smi
 echo "--- the plain rerun:"
-snakemake --cores 16 "$TARGET" "${CFG[@]}" > "${OUT:-.}/kill_main_rerun.log" 2>&1; echo "rerun rc=$?"
+"${SMK[@]}" "$TARGET" "${CFG[@]}" > "${OUT:-.}/kill_main_rerun.log" 2>&1; echo "rerun rc=$?"
 grep -E "stale lock|steps \(|Error" "${OUT:-.}/kill_main_rerun.log" | tail -4
-python3 -c "import sys, json; sys.path.insert(0, 'src'); from dpscale.results import load_result; r = load_result('$TARGET'); print('result', r['status'], round(r['metrics'].get('samples_per_s', 0)), 'samples/s')"
+python3 -c "import sys, json; sys.path.insert(0, 'src'); from dpscale.results import load_result; r = load_result('$WORK/$TARGET'); print('result', r['status'], round(r['metrics'].get('samples_per_s', 0)), 'samples/s')"
