@@ -12,8 +12,8 @@ CFG=(--config 'ks=[1]' 'data={source: synthetic}')
 SMK=(snakemake -s "$PWD/Snakefile" -d "$WORK" --cores 16)
 mkdir -p "$WORK"; rm -f "$WORK/$TARGET"
 setsid "${SMK[@]}" "$TARGET" "${CFG[@]}" > "${OUT:-.}/kill_main_smk.log" 2>&1 &
-SMK=$!
-echo "snakemake main pid $SMK; waiting for a rank of torch_worker.py on the GPU"
+MAIN=$!
+echo "snakemake main pid $MAIN; waiting for a rank of torch_worker.py on the GPU"
 for _ in $(seq 600); do
   nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q . && break
   sleep 0.5
@@ -21,7 +21,7 @@ done
 sleep 3
 echo "GPU compute processes before the kill:"; nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
 echo "job processes before the kill:"; pgrep -af "watchdog.py|torchrun|torch_worker.py" | cut -c1-120
-kill -9 "$SMK"; t0=$(date +%s.%N); echo "$(date +%T) SIGKILL to $SMK (snakemake main) only"
+kill -9 "$MAIN"; t0=$(date +%s.%N); echo "$(date +%T) SIGKILL to $MAIN (snakemake main) only"
 for i in $(seq 15); do
   sleep 1
   job=$(pgrep -f "watchdog.py|torchrun|torch_worker.py" | tr '\n' ' ')
