@@ -12,7 +12,7 @@ CFG=(--config 'ks=[1]' 'data={source: synthetic}')
 SMK=(snakemake -s "$PWD/Snakefile" -d "$WORK" --cores 16)
 mkdir -p "$WORK"; rm -f "$WORK/$TARGET"
 setsid "${SMK[@]}" "$TARGET" "${CFG[@]}" > "${OUT:-.}/kill_main_smk.log" 2>&1 &
-MAIN=$!
+sleep 2; MAIN=$(pgrep -of "snakemake -s $PWD/Snakefile -d $WORK")   # the main process, not a job's shell
 echo "snakemake main pid $MAIN; waiting for a rank of torch_worker.py on the GPU"
 for _ in $(seq 600); do
   nvidia-smi --query-compute-apps=pid --format=csv,noheader | grep -q . && break
