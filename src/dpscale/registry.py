@@ -128,7 +128,7 @@ class Experiment:
         return self.protocol + self.variant(variant).extra_protocol
 
 
-COMMON = ("timing", "results", "models", "costmodel", "data")
+COMMON = ("timing", "results", "models", "costmodel", "roofline", "data")
 TORCH_SOURCES = ("torch_runs",) + COMMON
 JAX_SOURCES = ("jax_runs",) + COMMON
 THROUGHPUT = ("image_size", "train_images", "epochs", "repeats")
