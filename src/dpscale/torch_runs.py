@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import costmodel, data as dsdata, registry, roofline
+from . import costmodel, data as dsdata, registry, roofline, tuned_model
 from .models import residual_stages, torch_flops_per_sample, torch_resnet18
 from .results import load_result, utc_now, write_result
 from .timing import StepTimer, summary, sync
@@ -111,6 +111,7 @@ def build_ddp(ctx: Ctx, tuned: bool = False, **ddp_kwargs):
     model = torch_resnet18().to(ctx.device)
     opts = tuned_options(ctx, tuned)
     if tuned:
+        model = tuned_model.apply(model, opts)   # the cheap wins the options switch on (default: none)
         model = model.to(memory_format=torch.channels_last)
         ddp_kwargs = {**{flag: True for flag in opts.get("ddp", [])}, **ddp_kwargs}
     if mode := opts.get("compile"):   # True (inductor's default mode) or a torch.compile mode name
