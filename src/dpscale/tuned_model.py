@@ -63,6 +63,17 @@ def apply(model: nn.Module, opts: dict) -> nn.Module:
     return model
 
 
+def describe(model: nn.Module) -> dict:
+    """What a (possibly DDP-wrapped, compiled) model runs: for a probe's record."""
+    inner = getattr(model, "module", model)
+    inner = getattr(inner, "_orig_mod", inner)
+    shortcuts = [type(b.conv3).__name__ for b in residual_blocks(inner) if b.conv3 is not None]
+    return {"stem": type(inner[0]).__name__, "shortcuts": sorted(set(shortcuts)),
+            "conv_biases": sum(1 for m in inner.modules() if getattr(m, "bias", None) is not None
+                               and not isinstance(m, (nn.BatchNorm2d, nn.Linear))),
+            "parameters": sum(p.numel() for p in inner.parameters())}
+
+
 # ---------------------------------------------------------------- cancelled biases
 
 def residual_blocks(model: nn.Module) -> list[nn.Module]:
