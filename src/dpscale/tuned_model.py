@@ -113,6 +113,14 @@ def _autocast_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
 
 
+def _as_matrix(weight: torch.Tensor) -> torch.Tensor:
+    """A conv weight [O, I, kh, kw] as the [O, kh*kw*I] matrix of an NHWC GEMM, through
+    the channels_last order (O, kh, kw, I). Trap: a plain reshape gives the same values
+    (I or kh*kw is 1 here), but its gradient comes back in the contiguous layout, and
+    DDP, whose buckets follow the channels_last parameter, warns and copies it."""
+    return weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1)
+
+
 def _check_stem(conv: nn.Conv2d) -> None:
     if (conv.in_channels, conv.kernel_size, conv.stride, conv.padding) != (1, (3, 3), (1, 1), (1, 1)):
         raise ValueError(f"the stem transforms need a 1-channel 3x3 stride-1 pad-1 conv, got {conv}")
@@ -136,7 +144,7 @@ class Im2colStem(nn.Module):
 
     def forward(self, x):
         patches = F.pad(torch.stack(shifted_taps(x), dim=-1), (0, TAPS_PADDED - 9))
-        w = F.pad(self.weight.reshape(self.weight.shape[0], 9), (0, TAPS_PADDED - 9))
+        w = F.pad(_as_matrix(self.weight), (0, TAPS_PADDED - 9))
         return F.linear(patches, w, self.bias).permute(0, 3, 1, 2)   # NHWC rows -> NCHW view
 
 
@@ -150,7 +158,7 @@ class DirectStem(nn.Module):
 
     def forward(self, x):
         dtype = _autocast_dtype(x)
-        w = self.weight.reshape(self.weight.shape[0], 9).to(x.dtype)
+        w = _as_matrix(self.weight).to(x.dtype)
         y = self.bias.to(x.dtype) if self.bias is not None else 0
         for k, tap in enumerate(shifted_taps(x)):
             y = y + tap[..., None] * w[:, k]   # [N, H, W, 1] * [C]: NHWC
@@ -172,4 +180,4 @@ class SliceMatmulProjection(nn.Module):
     def forward(self, x):
         sh, sw = self.stride
         xs = x[:, :, ::sh, ::sw].permute(0, 2, 3, 1)    # NHWC view; F.linear gathers it once
-        return F.linear(xs, self.weight.flatten(1), self.bias).permute(0, 3, 1, 2)
+        return F.linear(xs, _as_matrix(self.weight), self.bias).permute(0, 3, 1, 2)
