@@ -139,35 +139,50 @@ def _train_tuned_variant(dev, overrides: dict, steps: int = 24, lr: float = 0.01
     return net, losses, data[0][0]
 
 
+def _same_training(base, base_losses, X, model, losses) -> bool:
+    """Same losses, same weights (those both have) and the same eval-mode output, to
+    float64 rounding amplified by the run (< 1e-9); a wrong model is off by > 1e-3."""
+    if losses != pytest.approx(base_losses, rel=1e-7, abs=1e-9):
+        return False
+    params = dict(model.named_parameters())
+    shared = [(params[n], p) for n, p in base.named_parameters() if n in params]
+    if not all(torch.allclose(mine, theirs, rtol=1e-6, atol=1e-9) for mine, theirs in shared):
+        return False
+    base.eval(), model.eval()
+    with torch.no_grad():
+        same = torch.allclose(model(X), base(X), rtol=1e-6, atol=1e-9)
+    base.train()
+    return same
+
+
 def test_cheap_wins_train_like_the_seed_model(nccl_rank0, monkeypatch):
-    """tuned_model's cheap wins, all at once, on the GPU's kernels (cuBLAS GEMMs where the
-    seed model runs cuDNN convolutions), DDP over NCCL, channels_last: over 24 SGD steps
-    the same losses and weights as the model without them, and the same eval-mode output
-    (the dropped biases live on in running_mean). Tolerance: float64 rounding amplified
-    by the run stays under 1e-9; a wrong transform is off by > 1e-3. The mutation,
-    conv3's bias dropped too (it is added without BatchNorm), must fail it."""
+    """tuned_model's cheap wins, all at once and the direct stem alone, on the GPU's
+    kernels (cuBLAS GEMMs where the seed model runs cuDNN convolutions), DDP over NCCL,
+    channels_last: over 24 SGD steps the same losses and weights as the model without
+    them, and the same eval-mode output (the dropped biases live on in running_mean).
+    The mutation, conv3's bias dropped too (it is added without BatchNorm), must fail."""
     from dpscale import tuned_model as tm
     base, base_losses, X = _train_tuned_variant(nccl_rank0, {})
     wins = {"stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop"}
-
-    def same_training(model, losses):
-        if losses != pytest.approx(base_losses, rel=1e-7, abs=1e-9):
-            return False
-        params = dict(model.named_parameters())
-        shared = [(params[n], p) for n, p in base.named_parameters() if n in params]
-        if not all(torch.allclose(mine, theirs, rtol=1e-6, atol=1e-9) for mine, theirs in shared):
-            return False
-        base.eval(), model.eval()
-        with torch.no_grad():
-            same = torch.allclose(model(X), base(X), rtol=1e-6, atol=1e-9)
-        base.train()
-        return same
     model, losses, _ = _train_tuned_variant(nccl_rank0, wins)
     assert tm.describe(model)["parameters"] == tm.describe(base)["parameters"] - 3904
-    assert same_training(model, losses)
-    for opts in ({"stem": "direct"},):   # the other stem alone
-        assert same_training(*_train_tuned_variant(nccl_rank0, opts)[:2])
+    assert _same_training(base, base_losses, X, model, losses)
+    assert _same_training(base, base_losses, X, *_train_tuned_variant(nccl_rank0, {"stem": "direct"})[:2])
     pairs = tm.cancelled_bias_pairs
     monkeypatch.setattr(tm, "cancelled_bias_pairs", lambda m: pairs(m) + [
         (b.conv3, None) for b in tm.residual_blocks(m) if b.conv3 is not None])
-    assert not same_training(*_train_tuned_variant(nccl_rank0, wins)[:2])
+    assert not _same_training(base, base_losses, X, *_train_tuned_variant(nccl_rank0, wins)[:2])
+
+
+def test_triton_statistics_batchnorm_trains_like_torch_batchnorm(nccl_rank0, monkeypatch):
+    """Every BatchNorm with its statistics from the Triton kernel (compiled for this GPU;
+    float64 accumulation for float64 input): 24 steps like torch's BatchNorm. The
+    mutation, a tile merge that forgets the spread of the tiles' means, must fail."""
+    from dpscale import triton_bn
+    base, base_losses, X = _train_tuned_variant(nccl_rank0, {})
+    assert _same_training(base, base_losses, X, *_train_tuned_variant(nccl_rank0, {"batchnorm": "triton_stats"})[:2])
+    def naive(mean_t, m2_t, M):
+        return mean_t.mean(0), (m2_t / triton_bn.BLOCK_M).mean(0)
+    monkeypatch.setattr(triton_bn, "_merge", naive)
+    assert not _same_training(base, base_losses, X,
+                              *_train_tuned_variant(nccl_rank0, {"batchnorm": "triton_stats"})[:2])

@@ -21,7 +21,7 @@ WINS = {"stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop"
 # in the order they are worth the device's minutes: the budget may stop the list early
 VARIANTS = {"base": {}, "all": WINS, "stem_im2col": {"stem": "im2col"},
             "projection": {"projection": "slice_matmul"}, "bias_drop": {"cancelled_bias": "drop"},
-            "stem_direct": {"stem": "direct"}}
+            "stem_direct": {"stem": "direct"}, "bn_triton": {"batchnorm": "triton_stats"}}
 LOSS_CHECK_STEPS = 20
 LOSS_REL_TOL = 0.05   # bf16, other kernels: early losses agree to ~1e-2; a wrong model is off by O(1)
 
