@@ -302,10 +302,8 @@ def roofline_fields(batch: int, image_size: int, samples_per_s_per_device: float
         m[f"roofline_bytes_per_sample_MB{suffix}"] = t["bytes"] / batch / 1e6
         if "bound_s" in t:
             m[f"roofline_samples_per_s{suffix}"] = batch / t["bound_s"]
-    if copy_Bps:
+    if copy_Bps:   # the peak is mfu_fields' bf16_matmul_peak_TFLOPs
         m["copy_bandwidth_GBps"] = copy_Bps / 1e9
-    if peak_flops:
-        m["roofline_peak_TFLOPs"] = peak_flops / 1e12
     if samples_per_s_per_device and "roofline_samples_per_s" in m:
         m["roofline_fraction"] = samples_per_s_per_device / m["roofline_samples_per_s"]
         m["roofline_fraction_compiler"] = samples_per_s_per_device / m["roofline_samples_per_s_compiler"]
