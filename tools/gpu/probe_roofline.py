@@ -14,8 +14,9 @@ Every result is printed as a JSON line when it is known, and $OUT/probe_roofline
 (or --out DIR) is rewritten after every stage, so a run stopped by its budget or killed
 keeps what it had; readable tables come last. Variants run in order of worth and are
 skipped once the budget cannot hold another (the first one's time sets the estimate).
-Usage: python tools/gpu/probe_roofline.py [--budget-s 210] [--variants base,all,...] [--smoke]
-  --smoke: 16x16 images, batch 4, gloo on the CPU, no compile, no graph (a typo check)."""
+Usage: timeout -s INT 250 python tools/gpu/probe_roofline.py [--budget-s 200] [--variants base,all,...] [--smoke]
+  --smoke: 16x16 images, batch 4, gloo on the CPU, no compile, no graph (a typo check).
+  A SIGINT (timeout -s INT) stops the stage under way and still prints the tables."""
 import argparse
 import json
 import os
@@ -132,6 +133,8 @@ def main():
         for name in ("base", "all"):
             layer_stage(rep, ctx, name, tp.VARIANTS[name], batches[0], S, rates, prof_steps)
         variant_stage(rep, ctx, args, batches, steps, reps, roof)
+    except KeyboardInterrupt:   # timeout -s INT: keep what was measured, print it
+        rep.emit("interrupted", after_s=time.time() - T0)
     finally:
         dist.destroy_process_group()
     print_tables(rep.data)
