@@ -107,3 +107,82 @@ def test_tuned_ddp_model_graphed_trains_like_uncaptured(nccl_rank0):
         return tr.build_ddp(ctx, tuned=True)
     _assert_same_run(_train(nccl_rank0, build, False, lr=0.01, channels_last=True),
                      _train(nccl_rank0, build, True, lr=0.01, channels_last=True))
+
+
+def _train_tuned_variant(dev, overrides: dict, steps: int = 24, lr: float = 0.01):
+    """torch_resnet18 with some of tuned_model's cheap wins, channels_last, in float64,
+    DDP over NCCL, `steps` SGD steps on fixed batches; returns the model and the losses.
+    float64 because this small run is chaotic: in float32 the seed model itself drifts
+    from its float64 twin by 1e-2 within 8 steps (ReLUs near zero flip between two
+    roundings), which would hide a transform's error in the noise."""
+    from torch.nn import functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from dpscale import tuned_model as tm
+    from dpscale.models import torch_resnet18
+    torch.manual_seed(0)
+    net = tm.apply(torch_resnet18(), overrides).to(dev, torch.float64).to(memory_format=torch.channels_last)
+    model = DDP(net, device_ids=[dev.index])
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(1)
+    data = [(torch.randn(32, 1, 32, 32, generator=gen, dtype=torch.float64).to(dev)
+             .contiguous(memory_format=torch.channels_last), torch.randint(0, 10, (32,), generator=gen).to(dev))
+            for _ in range(4)]
+    losses = []
+    for i in range(steps):
+        X, y = data[i % len(data)]
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(X), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return net, losses, data[0][0]
+
+
+def _same_training(base, base_losses, X, model, losses) -> bool:
+    """Same losses, same weights (those both have) and the same eval-mode output, to
+    float64 rounding amplified by the run (< 1e-9); a wrong model is off by > 1e-3."""
+    if losses != pytest.approx(base_losses, rel=1e-7, abs=1e-9):
+        return False
+    params = dict(model.named_parameters())
+    shared = [(params[n], p) for n, p in base.named_parameters() if n in params]
+    if not all(torch.allclose(mine, theirs, rtol=1e-6, atol=1e-9) for mine, theirs in shared):
+        return False
+    base.eval(), model.eval()
+    with torch.no_grad():
+        same = torch.allclose(model(X), base(X), rtol=1e-6, atol=1e-9)
+    base.train()
+    return same
+
+
+def test_cheap_wins_train_like_the_seed_model(nccl_rank0, monkeypatch):
+    """tuned_model's cheap wins, all at once and the direct stem alone, on the GPU's
+    kernels (cuBLAS GEMMs where the seed model runs cuDNN convolutions), DDP over NCCL,
+    channels_last: over 24 SGD steps the same losses and weights as the model without
+    them, and the same eval-mode output (the dropped biases live on in running_mean).
+    The mutation, conv3's bias dropped too (it is added without BatchNorm), must fail."""
+    from dpscale import tuned_model as tm
+    base, base_losses, X = _train_tuned_variant(nccl_rank0, {})
+    wins = {"stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop"}
+    model, losses, _ = _train_tuned_variant(nccl_rank0, wins)
+    assert tm.describe(model)["parameters"] == tm.describe(base)["parameters"] - 3904
+    assert _same_training(base, base_losses, X, model, losses)
+    assert _same_training(base, base_losses, X, *_train_tuned_variant(nccl_rank0, {"stem": "direct"})[:2])
+    pairs = tm.cancelled_bias_pairs
+    monkeypatch.setattr(tm, "cancelled_bias_pairs", lambda m: pairs(m) + [
+        (b.conv3, None) for b in tm.residual_blocks(m) if b.conv3 is not None])
+    assert not _same_training(base, base_losses, X, *_train_tuned_variant(nccl_rank0, wins)[:2])
+
+
+def test_triton_statistics_batchnorm_trains_like_torch_batchnorm(nccl_rank0, monkeypatch):
+    """Every BatchNorm with its statistics from the Triton kernel (compiled for this GPU;
+    float64 accumulation for float64 input): 24 steps like torch's BatchNorm. The
+    mutation, a tile merge that forgets the spread of the tiles' means, must fail."""
+    from dpscale import triton_bn
+    base, base_losses, X = _train_tuned_variant(nccl_rank0, {})
+    assert _same_training(base, base_losses, X, *_train_tuned_variant(nccl_rank0, {"batchnorm": "triton_stats"})[:2])
+    def naive(mean_t, m2_t, M):
+        return mean_t.mean(0), (m2_t / triton_bn.BLOCK_M).mean(0)
+    monkeypatch.setattr(triton_bn, "_merge", naive)
+    assert not _same_training(base, base_losses, X,
+                              *_train_tuned_variant(nccl_rank0, {"batchnorm": "triton_stats"})[:2])

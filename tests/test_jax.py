@@ -105,6 +105,9 @@ def test_weak(tiny_data, tmp_path, k, variant):
     assert 0 < m["step_ms_p10"] <= m["step_ms_median"] <= m["step_ms_p90"]
     assert m["first_step_s"] > 0 and np.isfinite(m["loss_last"]) and m["dispatch_ms_median"] > 0
     assert ("tuned_options" in m) == (variant == "tuned")
+    # the roofline beside MFU in tuned results; without measured rates (CPU) bytes only
+    assert ("roofline_bytes_per_sample_MB" in m) == (variant == "tuned")
+    assert "roofline_samples_per_s" not in m and "roofline_fraction" not in m
     # MFU's numerator is the counted FLOPs (rule model_flops); the bf16 matmul peak that
     # divides it is measured on GPUs only, so a CPU run has no mfu
     assert m["flops_per_sample"] == json.loads((tiny_data / "flops_16px.json").read_text())["flops_per_sample"]

@@ -29,7 +29,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from . import costmodel, data as dsdata, registry
+from . import costmodel, data as dsdata, registry, roofline
 from .models import count_flax, flax_resnet18
 from .results import utc_now, write_result
 from .timing import spread_fields, summary
@@ -200,6 +200,22 @@ def measure_matmul_peak(device, n: int = 8192, iters: int = 20) -> float:
     return 2 * n ** 3 * iters / (time.perf_counter() - t0)
 
 
+def measure_copy_bandwidth(device, n_bytes: int = 1 << 30, iters: int = 20) -> float:
+    """On-device copy bandwidth, bytes read + written per second: the roofline's memory
+    rate (torch_runs measures the same with a device-to-device copy). x + 1, not a bare
+    copy, which XLA may turn into an alias; one live output, as in measure_matmul_peak."""
+    x = jax.device_put(jnp.zeros(n_bytes // 4, jnp.float32), device)
+    add_one = jax.jit(lambda a: a + 1)
+    for _ in range(3):
+        out = add_one(x)
+    block(out)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        out = add_one(x)
+    block(out)
+    return 2 * n_bytes * iters / (time.perf_counter() - t0)
+
+
 def mfu_metrics(ctx: Ctx, samples_per_s_per_device: float, peak: float | None) -> dict:
     """MFU = counted model FLOP/s over the measured bf16 matmul peak, as torch_runs does.
     The count comes from results/model/flops_<size>px.json (torch.utils.flop_counter)."""
@@ -324,6 +340,7 @@ def exp_weak(ctx: Ctx) -> dict:
     mesh = make_mesh(k)
     gpu = mesh.devices.flat[0].platform == "gpu"
     peak = measure_matmul_peak(mesh.devices.flat[0]) if gpu else None
+    copy_Bps = measure_copy_bandwidth(mesh.devices.flat[0]) if gpu and variant == "tuned" else None
     model, opt = build(mesh, jnp.bfloat16 if variant == "tuned" else None)
 
     step, live, write_back = weak_step(variant, model, opt, mesh, x_u8, y_all, steps, B)
@@ -352,7 +369,9 @@ def exp_weak(ctx: Ctx) -> dict:
                         "device": "device-resident uint8 set, sliced per step",
                         "tuned": "device-resident uint8 set, sliced per step"}[variant]}
     m.update(mfu_metrics(ctx, m["samples_per_s_per_device"], peak))
-    if variant == "tuned":
+    if variant == "tuned":   # the bf16 roofline, defined once for both frameworks
+        m.update(roofline.roofline_fields(b, ctx.proto["image_size"], m["samples_per_s_per_device"],
+                                          peak, copy_Bps))
         m["tuned_options"] = {"compute_dtype": "bfloat16 (convolutions, batch norm)",
                               "param_dtype": "float32", "loss_dtype": "float32",
                               "data": "device-resident cache",

@@ -45,11 +45,17 @@ CACHED = Variant("cached", "resize cache resident on the device")
 # strides, and gradient_as_bucket_view measured +0.9% on an H200, inside the
 # run-to-run spread. cuda_graph: the compiled step is host-bound on a 16-core H200
 # box (16-25 ms to issue ~14 ms of GPU work), so the whole step is replayed as one graph.
+# stem, projection, cancelled_bias: the cheap wins of dpscale.tuned_model (the stem as
+# im2col + GEMM or a direct kernel, the 1x1 stride-2 shortcuts as slice + GEMM, the conv
+# biases BatchNorm cancels dropped); batchnorm: its statistics from one Triton pass. Off
+# until tools/gpu/probe_roofline.py has measured them.
 TORCH_TUNED = Variant(
     "tuned", "bf16, channels_last, torch.compile, fused SGD, one CUDA graph per step", tuned=True,
     options=MappingProxyType({"precision": "bf16", "channels_last": True, "compile": True,
                               "cuda_graph": True, "data": "device-resident cache",
-                              "optimizer": "fused SGD", "ddp": ()}))
+                              "optimizer": "fused SGD", "ddp": (),
+                              "stem": "conv", "projection": "conv", "cancelled_bias": "keep",
+                              "batchnorm": "torch"}))
 HOST = Variant("host", "host-staged float32 batches, device_put per step (the book's loop)")
 DEVICE = Variant("device", "the uint8 set resident on the devices, sliced per step")
 JAX_TUNED = Variant(
@@ -128,8 +134,8 @@ class Experiment:
         return self.protocol + self.variant(variant).extra_protocol
 
 
-COMMON = ("timing", "stats", "results", "models", "costmodel", "data")
-TORCH_SOURCES = ("torch_runs",) + COMMON
+COMMON = ("timing", "stats", "results", "models", "costmodel", "roofline", "data")
+TORCH_SOURCES = ("torch_runs", "tuned_model", "triton_bn") + COMMON
 JAX_SOURCES = ("jax_runs",) + COMMON
 THROUGHPUT = ("image_size", "train_images", "epochs", "repeats")
 

@@ -18,7 +18,7 @@ import torch.distributed._functional_collectives as fcol
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import costmodel, data as dsdata, launch, registry, stats
+from . import costmodel, data as dsdata, launch, registry, roofline, stats, tuned_model
 from .models import residual_stages, torch_flops_per_sample, torch_resnet18
 from .results import load_result, utc_now, write_result
 from .timing import StepTimer, spread_fields, summary, sync
@@ -123,6 +123,7 @@ def build_ddp(ctx: Ctx, tuned: bool = False, **ddp_kwargs):
     model = torch_resnet18().to(ctx.device)
     opts = tuned_options(ctx, tuned)
     if tuned:
+        model = tuned_model.apply(model, opts)   # the cheap wins the options switch on (default: none)
         model = model.to(memory_format=torch.channels_last)
         ddp_kwargs = {**{flag: True for flag in opts.get("ddp", [])}, **ddp_kwargs}
     if mode := opts.get("compile"):   # True (inductor's default mode) or a torch.compile mode name
@@ -157,6 +158,28 @@ def measure_matmul_peak(ctx: Ctx, n: int = 8192, iters: int = 20) -> float | Non
         a @ b
     sync(ctx.device)
     return 2 * n ** 3 * iters / (time.perf_counter() - t0)
+
+
+def measure_copy_bandwidth(ctx: Ctx, n_bytes: int = 1 << 30, iters: int = 20) -> float | None:
+    """Device-to-device copy bandwidth, bytes read + written per second, measured now:
+    the roofline's memory rate. One buffer 20x the H200's 50 MB L2 (no cache hits),
+    copied after a warm-up, each copy timed by its own CUDA events; the median."""
+    if not ctx.cuda:
+        return None
+    src = torch.empty(n_bytes, device=ctx.device, dtype=torch.uint8).random_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for a, b in events:
+        a.record()
+        dst.copy_(src)
+        b.record()
+    sync(ctx.device)
+    ms = sorted(a.elapsed_time(b) for a, b in events)
+    del src, dst
+    torch.cuda.empty_cache()   # 2 GiB back before the run whose peak memory is reported
+    return 2 * n_bytes / (ms[len(ms) // 2] / 1e3)
 
 
 # ---------------------------------------------------------------- DDP throughput
@@ -358,11 +381,17 @@ def throughput_metrics(ctx: Ctx, rows: list[dict], flops: int | None, peak: floa
 # ---------------------------------------------------------------- experiments
 
 def exp_ddp(ctx: Ctx, strong: bool):
+    tuned = ctx.spec["variant"] == "tuned"
     peak = measure_matmul_peak(ctx) if ctx.cuda else None
+    copy_Bps = measure_copy_bandwidth(ctx) if ctx.cuda and tuned else None
     mine = ddp_throughput(ctx, strong)
     rows = per_rank_merge(ctx, mine)
     flops = torch_flops_per_sample(ctx.proto["image_size"], ctx.device) if ctx.rank == 0 else None
-    return throughput_metrics(ctx, rows, flops, peak)
+    m = throughput_metrics(ctx, rows, flops, peak)
+    if tuned:   # the bf16 roofline: only the tuned series computes in bf16
+        m.update(roofline.roofline_fields(m["per_rank_batch"], ctx.proto["image_size"],
+                                          m["samples_per_s_per_device"], peak, copy_Bps))
+    return m
 
 
 def exp_ddp_weak(ctx: Ctx):
