@@ -45,16 +45,18 @@ CACHED = Variant("cached", "resize cache resident on the device")
 # strides, and gradient_as_bucket_view measured +0.9% on an H200, inside the
 # run-to-run spread. cuda_graph: the compiled step is host-bound on a 16-core H200
 # box (16-25 ms to issue ~14 ms of GPU work), so the whole step is replayed as one graph.
-# stem, projection, cancelled_bias: the cheap wins of dpscale.tuned_model (the stem as
-# im2col + GEMM or a direct kernel, the 1x1 stride-2 shortcuts as slice + GEMM, the conv
-# biases BatchNorm cancels dropped); batchnorm: its statistics from one Triton pass. Off
-# until tools/gpu/probe_roofline.py has measured them.
+# stem, projection, cancelled_bias: the cheap wins of dpscale.tuned_model, on because
+# each helps alone (tools/gpu/probe_roofline.py on one H200, batch 256, medians of 5
+# repeats of 40 graphed steps, 2026-12-01: base 21,583 samples/s; the stem as im2col +
+# GEMM 21,910, the 1x1 stride-2 shortcuts as slice + GEMM 21,831, the conv biases that
+# BatchNorm cancels dropped 23,227; all three 23,801). Off: the stem as a direct kernel
+# (21,032) and BatchNorm's statistics in one Triton pass (20,196): both slower.
 TORCH_TUNED = Variant(
     "tuned", "bf16, channels_last, torch.compile, fused SGD, one CUDA graph per step", tuned=True,
     options=MappingProxyType({"precision": "bf16", "channels_last": True, "compile": True,
                               "cuda_graph": True, "data": "device-resident cache",
                               "optimizer": "fused SGD", "ddp": (),
-                              "stem": "conv", "projection": "conv", "cancelled_bias": "keep",
+                              "stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop",
                               "batchnorm": "torch"}))
 HOST = Variant("host", "host-staged float32 batches, device_put per step (the book's loop)")
 DEVICE = Variant("device", "the uint8 set resident on the devices, sliced per step")

@@ -21,12 +21,12 @@ done
 sleep 3
 echo "GPU compute processes before the kill:"; nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
 echo "job processes before the kill:"; pgrep -af "watchdog.py|torchrun|torch_worker.py" | cut -c1-120
-kill -9 "$MAIN"; t0=$(date +%s.%N); echo "$(date +%T) SIGKILL to $MAIN (snakemake main) only"
+kill -9 "$MAIN"; echo "$(date +%T) SIGKILL to $MAIN (snakemake main) only"
 for i in $(seq 15); do
   sleep 1
   job=$(pgrep -f "watchdog.py|torchrun|torch_worker.py" | tr '\n' ' ')
   gpu=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tr '\n' ' ')
-  printf '%5.1f s after: job processes [%s]  GPU compute processes [%s]\n' "$(echo "$(date +%s.%N) - $t0" | bc)" "$job" "$gpu"
+  printf '%2d s after: job processes [%s]  GPU compute processes [%s]\n' "$i" "$job" "$gpu"
 done
 echo "nvidia-smi 15 s after the kill:"; nvidia-smi
 echo "--- the plain rerun:"
