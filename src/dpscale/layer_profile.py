@@ -147,23 +147,4 @@ def table(measured: dict, batch: int, image_size: int, peak_flops: float | None,
     return rows
 
 
-def kind(layer: str) -> str:
-    """conv | batchnorm | relu/add | other, from a torch_resnet18 module path."""
-    last = layer.rsplit(".", 1)[-1]
-    if layer == "0" or last.startswith("conv"):
-        return "conv"
-    if layer == "1" or last.startswith("bn"):
-        return "batchnorm"
-    if layer == "2" or (layer.startswith("resnet_block") and last.isdigit()):
-        return "relu/add"
-    return "other"
-
-
-def by_kind(rows: list[dict]) -> dict:
-    """The table's time and bounds summed per kind of layer."""
-    out: dict = {}
-    for r in rows:
-        k = out.setdefault(kind(r["layer"]), {"time_ms": 0.0, "bound_none_ms": 0.0, "bound_ideal_ms": 0.0})
-        for key in k:
-            k[key] += r.get(key, 0.0)
-    return out
+kind, by_kind = roofline.kind, roofline.by_kind   # pure: the report groups the same way

@@ -39,7 +39,9 @@ def init_single_rank(smoke: bool, port: int = 29613) -> tr.Ctx:
 
 
 def tuned_opts(overrides: dict, smoke: bool) -> dict:
-    opts = {**registry.TORCH_TUNED.options, **overrides}
+    """The tuned series' options with the model's choices at their plain defaults (the
+    seed's convolutions and biases), then the variant's: `base` is the model unchanged."""
+    opts = {**registry.TORCH_TUNED.options, **tuned_model.DEFAULTS, **overrides}
     if smoke:   # inductor on 2 CPU cores takes minutes; graphs need CUDA
         opts.update(compile=False, cuda_graph=False)
     return opts

@@ -48,6 +48,7 @@ class Machine:
     source: str = ""
     errors: list = field(default_factory=list)       # unreadable files, with the reason
     book: dict | None = None
+    profile: dict | None = None     # a per-layer profile kept beside the results (roofline.json)
 
     def get(self, experiment: str, variant: str, k: int) -> dict | None:
         return self.results.get((experiment, variant, int(k)))
@@ -194,8 +195,15 @@ def load_found(runs_dir, fingerprint_path, *, key="current", kind="current", lab
 
 
 def load_reference(folder: Path) -> Machine:
-    """reference/<name>/: fingerprint.json, runs/, and plan.json (what that run planned)."""
-    folder = Path(folder)
+    """reference/<name>/: fingerprint.json, runs/, plan.json (what that run planned), and
+    roofline.json where one was kept (tools/gpu/probe_roofline.py's per-layer profile)."""
+    m = _load_reference(Path(folder))
+    if (Path(folder) / "roofline.json").exists():
+        m.profile = json.loads((Path(folder) / "roofline.json").read_text())
+    return m
+
+
+def _load_reference(folder: Path) -> Machine:
     plan_path = folder / "plan.json"
     if plan_path.exists():
         info = json.loads(plan_path.read_text())

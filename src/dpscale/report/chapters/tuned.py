@@ -1,10 +1,11 @@
 """The tuned series beside the book's protocol, per device at the smallest k, with MFU."""
 from __future__ import annotations
 
-from ..document import Chapter, FigureSpec, Page
+from ... import roofline
+from ..document import Chapter, FigureSpec, Page, Table
 from ..machines import Machine, ReportData
 from ..numbers import fmt_num, metric, ok, point
-from .common import by_machine, figure, label, missing_notes, prose
+from .common import by_machine, figure, label, missing_notes, prose, records_table
 
 FIGURES = (FigureSpec("tuned", "Per-device throughput and MFU: the book's protocol against the tuned series"),)
 # (experiment, framework, the variants from the book's protocol to the tuned series)
@@ -30,9 +31,9 @@ def tuned_part(m: Machine, experiment: str, framework: str, variants: tuple) -> 
         return None
     s = per_device(r)[0]
     base = per_device(m.get(experiment, variants[0], k))[0]
-    mfu = metric(r, "mfu")
+    mfu, frac = metric(r, "mfu"), metric(r, "roofline_fraction")
     return (f"{framework} {fmt_num(s)}" + (f" ({s / base:.1f}x)" if base else "")
-            + (f", MFU {mfu:.2f}" if mfu else ""))
+            + (f", MFU {mfu:.2f}" if mfu else "") + (f", {frac:.2f} of its roofline" if frac else ""))
 
 
 def headline(data: ReportData) -> str:
@@ -44,9 +45,64 @@ def headline(data: ReportData) -> str:
         "; ".join(parts)
 
 
+ROOFLINE = ["machine", "experiment", "k", "samples_per_s_per_device", "mfu", "roofline_samples_per_s",
+            "roofline_fraction", "roofline_samples_per_s_compiler", "roofline_fraction_compiler",
+            "bf16_matmul_peak_TFLOPs", "copy_bandwidth_GBps"]
+LAYERS = ["machine", "layer", "kind", "GFLOP", "MB_unfused", "MB_ideal", "bound_unfused_ms", "bound_ideal_ms",
+          "binds", "eager_ms", "fraction_of_bound"]
+
+
+def roofline_records(data: ReportData) -> list[dict]:
+    out = []
+    for m in data.measured:
+        for e, _f, variants in GROUPS:
+            for k, r in m.series(e, variants[-1]).items():
+                if ok(r) and metric(r, "roofline_bytes_per_sample_MB"):
+                    out.append({"machine": m.name, "experiment": e, "k": k,
+                                **{c: metric(r, c) for c in ROOFLINE[3:]}})
+    return out
+
+
+def layer_rows(m: Machine, r: dict) -> list[dict]:
+    """Per layer: the bounds at the rates measured in the tuned job, and the time of an
+    eager profile where one was kept with the machine (on CPU: FLOPs and bytes only)."""
+    peak = 1e12 * (metric(r, "bf16_matmul_peak_TFLOPs") or 0) or None
+    bw = 1e9 * (metric(r, "copy_bandwidth_GBps") or 0) or None
+    batch, size = metric(r, "per_rank_batch"), (r.get("config") or {}).get("protocol", {}).get("image_size", 64)
+    bounds = {f: {x["layer"]: x for x in roofline.per_layer(roofline.step_passes(batch, size, f), peak, bw)}
+              for f in ("none", "ideal")}
+    eager = {x["layer"]: x for x in ((m.profile or {}).get("stages", {}).get("layers") or [{}])[-1].get("rows", [])}
+    rows = []
+    for name, none in bounds["none"].items():
+        ideal, t = bounds["ideal"].get(name, {}), eager.get(name, {}).get("time_ms")
+        row = {"machine": m.label, "layer": name, "kind": roofline.kind(name), "GFLOP": none["flops"] / 1e9,
+               "MB_unfused": none["bytes"] / 1e6, "MB_ideal": ideal.get("bytes", 0) / 1e6,
+               "bound_unfused_ms": 1e3 * none["bound_s"] if "bound_s" in none else None,
+               "bound_ideal_ms": 1e3 * ideal["bound_s"] if "bound_s" in ideal else None,
+               "binds": none.get("binds", "–"), "eager_ms": t}
+        row["fraction_of_bound"] = row["bound_unfused_ms"] / t if t and row["bound_unfused_ms"] else None
+        rows.append(row)
+    return rows
+
+
+def layers_table(data: ReportData) -> Table:
+    """The first machine with a tuned DDP result at k=1 (one with a kept profile first)."""
+    tuned = [(m, r) for m in data.measured if ok(r := m.get("ddp_weak", "tuned", 1))]
+    tuned.sort(key=lambda mr: mr[0].profile is None)
+    rows = layer_rows(*tuned[0]) if tuned else []
+    return records_table("roofline_layers", "Per layer: the roofline's bounds at the tuned job's measured rates, "
+                         "and the time of an eager bf16 profile where one was kept (tools/gpu/probe_roofline.py)",
+                         rows, LAYERS)
+
+
 def page(data: ReportData) -> Page:
     notes = [n for e, _f, vs in GROUPS for n in missing_notes(data, e, vs, data.measured) if " k=1 " in n + " "]
-    return Page("tuned", CHAPTER.title, prose("tuned"), figures=[figure(FIGURES[0], headline(data), notes)])
+    return Page("tuned", CHAPTER.title, prose("tuned"), figures=[figure(FIGURES[0], headline(data), notes)],
+                tables=[records_table("roofline", "The tuned series against its roofline: the ideal bound (BN "
+                                      "statistics in the convolution's epilogue) and the compiler's (what fuses "
+                                      "around opaque convolutions)", roofline_records(data), ROOFLINE),
+                        layers_table(data)])
 
 
-CHAPTER = Chapter("tuned", "The tuned series beside the book's protocol", FIGURES, (), page)
+CHAPTER = Chapter("tuned", "The tuned series beside the book's protocol", FIGURES, ("roofline", "roofline_layers"),
+                  page)

@@ -23,6 +23,13 @@ def mfu_one(m: Machine, k: int) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def roofline_bound(m: Machine, k: int) -> float | None:
+    """samples/s per device at the ideal-fusion roofline, as the tuned jobs computed it."""
+    vals = [metric(r, "roofline_samples_per_s") for e, _f, vs in GROUPS
+            if ok(r := m.get(e, vs[-1], k)) and metric(r, "roofline_samples_per_s")]
+    return statistics.median(vals) if vals else None
+
+
 def _panel(ax, m: Machine) -> None:
     k, y, labels = smallest_k(m), 0, []
     top = 1.0
@@ -40,10 +47,11 @@ def _panel(ax, m: Machine) -> None:
                 ax.text(0, y, f" {r['status']}", va="center", fontsize=9, color="#b71c1c")
             y += 1
         y += 0.5
-    if lim := mfu_one(m, k):
-        ax.axvline(lim, color="#444", ls=":", lw=1.2)
-        ax.text(lim, -0.9, f"MFU = 1: {fmt_num(lim)}", ha="right", fontsize=9, color="#444")
-        top = max(top, lim)
+    for value, text, ls in ((mfu_one(m, k), "MFU = 1", ":"), (roofline_bound(m, k), "roofline", "--")):
+        if value:
+            ax.axvline(value, color="#444", ls=ls, lw=1.2)
+            ax.text(value, -0.9, f"{text}: {fmt_num(value)} ", ha="right", fontsize=9, color="#444")
+            top = max(top, value)
     ticks = [i + 0.5 * (i >= 3) for i in range(len(labels))]
     ax.set_yticks(ticks, labels)
     ax.invert_yaxis()
