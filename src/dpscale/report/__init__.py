@@ -15,6 +15,7 @@ declarations are light: the workflow reads them when it is parsed (no matplotlib
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .. import provenance
@@ -34,6 +35,8 @@ def load(runs_dir, fingerprint_path, targets=None, references=(), book_path=None
         current = load_planned(runs_dir, fingerprint_path, targets, label=name)
     else:
         current = load_found(runs_dir, fingerprint_path, label=name)
+    if (Path(runs_dir).parent / "roofline.json").exists():   # a kept machine's per-layer profile
+        current.profile = json.loads((Path(runs_dir).parent / "roofline.json").read_text())
     same = Path(runs_dir).resolve()
     folders = [f for f in reference_folders(references) if (f / "runs").resolve() != same and f.name != name]
     refs, notes = with_references(current, folders)

@@ -10,7 +10,8 @@ from ..machines import Machine, ReportData
 from ..numbers import fmt_interval, fmt_num
 
 PROSE = Path(__file__).resolve().parents[1] / "prose"
-PERCENT = ("efficiency", "mfu", "predicted_flat", "predicted_ring", "measured", "efficiency_at_from_k", "cv")
+PERCENT = ("efficiency", "mfu", "predicted_flat", "predicted_ring", "measured", "efficiency_at_from_k", "cv",
+           "roofline_fraction", "roofline_fraction_compiler", "fraction_of_bound")
 
 
 def prose(name: str) -> str:
