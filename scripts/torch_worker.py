@@ -18,7 +18,7 @@ die_with_parent()   # first, before torch loads: a rank never outlives its torch
 import argparse
 import json
 
-from dpscale.torch_runs import run
+from dpscale.torch_job import run
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--spec", required=True, help="job spec as JSON")

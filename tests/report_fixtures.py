@@ -22,7 +22,7 @@ SKIP_MEMCPY = ("NCCL_SHM_USE_CUDA_MEMCPY is a setting of NCCL's shared-memory tr
                "the gloo backend used without GPUs has no equivalent")
 HUNG_REASON = "no progress: killed by the outer watchdog after 30.2 s (limit 30 s)"
 CODE = {"version": "0.1.0", "commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False, "source": "git",
-        "sources": ["torch_runs"], "sources_sha256": "feedfacefeedface"}
+        "sources": ["torch_ddp"], "sources_sha256": "feedfacefeedface"}
 
 
 def write(root: Path, exp, variant, k, *, fp, backend, scale, status="ok", reason=None, metrics=None,

@@ -39,7 +39,7 @@ def _train(dev, build, graphed: bool, lr: float, channels_last: bool = False):
     when graphed, as DDP must be). Returns the model, the GraphedStep, the losses."""
     from torch.nn import functional as F
 
-    from dpscale.torch_runs import GraphedStep
+    from dpscale.torch_ddp import GraphedStep
     side = torch.cuda.Stream(dev) if graphed else None
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         model = build()
@@ -69,7 +69,7 @@ def _train(dev, build, graphed: bool, lr: float, channels_last: bool = False):
 
 
 def _assert_same_run(plain, graphed):
-    from dpscale.torch_runs import GraphedStep
+    from dpscale.torch_ddp import GraphedStep
     (plain_model, _, plain_losses), (graphed_model, g, graphed_losses) = plain, graphed
     assert g.graph is not None and g.error is None and g.calls == GraphedStep.EAGER_STEPS + 6
     assert graphed_losses == pytest.approx(plain_losses, rel=1e-4, abs=1e-5)
@@ -80,7 +80,7 @@ def _assert_same_run(plain, graphed):
 
 
 def test_graphed_step_trains_like_the_eager_step(nccl_rank0):
-    """torch_runs.GraphedStep (the tuned series' whole-step CUDA graph, DDP inside it)
+    """torch_ddp.GraphedStep (the tuned series' whole-step CUDA graph, DDP inside it)
     must compute the same training run as the plain loop: same losses, same weights."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -99,7 +99,7 @@ def test_tuned_ddp_model_graphed_trains_like_uncaptured(nccl_rank0):
     eager model a short run drifts apart from rounding alone: the compiled kernels
     sum in another order, and a few steps amplify that. At lr=0.1 this tiny run also
     diverges, loss 2.4 -> 16 in 5 steps, so it trains at 0.01.)"""
-    from dpscale import torch_runs as tr
+    from dpscale import torch_ddp as tr
     ctx = tr.Ctx({"backend": "nccl",
                   "config": {"protocol": {}, "tuned": {"compile": True, "cuda_graph": True, "ddp": []}}})
 

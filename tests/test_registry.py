@@ -27,7 +27,7 @@ def dummy(monkeypatch):
     """An experiment added to the registry alone: no other file knows it."""
     exp = registry.Experiment("dummy_probe", "a dummy collective", "torch", "test_registry:measure_dummy",
                               (registry.DEFAULT,), registry.multi_k, ("image_size",), "communication",
-                              sources=registry.TORCH_SOURCES)
+                              sources=registry.MODULE_SOURCES["torch_comm"] + registry.COMMON)
     monkeypatch.setitem(registry.EXPERIMENTS, exp.name, exp)
     return exp
 

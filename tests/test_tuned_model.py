@@ -145,7 +145,7 @@ def test_build_ddp_applies_the_options(monkeypatch):
     import torch.distributed as dist
     from conftest import free_port
 
-    from dpscale import registry, torch_runs as tr
+    from dpscale import registry, torch_ddp as tr
     for key, val in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(key, val)
     assert tm.choices(registry.TORCH_TUNED.options) == {**tm.DEFAULTS, **VARIANTS["all"]}   # on: each measured faster

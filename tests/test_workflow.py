@@ -77,10 +77,10 @@ def test_smoke_run_elsewhere_reruns_and_additions(repo, tmp_path):
     assert "Nothing to be done" in elsewhere(repo, work, "-n", "--cores", "2", "report", *cfg).stdout
 
     # a change to what an experiment's code does marks its results stale; a comment or a docstring does not
-    source = repo / "src/dpscale/torch_runs.py"
+    source = repo / "src/dpscale/torch_ddp.py"
     original = source.read_text()
     try:
-        source.write_text(original.replace('"""The PyTorch half', '"""(reworded) The PyTorch half') + "\n# a comment\n")
+        source.write_text(original.replace('"""PyTorch DDP throughput', '"""(reworded) PyTorch DDP throughput') + "\n# a comment\n")
         assert "Nothing to be done" in elsewhere(repo, work, "-n", "--cores", "2", "report", *cfg).stdout
         source.write_text(original + "\nTIMING_FIX = 1\n")
         out = elsewhere(repo, work, "-n", "--cores", "2", "report", *cfg).stdout

@@ -202,7 +202,7 @@ def measure_matmul_peak(device, n: int = 8192, iters: int = 20) -> float:
 
 def measure_copy_bandwidth(device, n_bytes: int = 1 << 30, iters: int = 20) -> float:
     """On-device copy bandwidth, bytes read + written per second: the roofline's memory
-    rate (torch_runs measures the same with a device-to-device copy). x + 1, not a bare
+    rate (torch_ddp measures the same with a device-to-device copy). x + 1, not a bare
     copy, which XLA may turn into an alias; one live output, as in measure_matmul_peak."""
     x = jax.device_put(jnp.zeros(n_bytes // 4, jnp.float32), device)
     add_one = jax.jit(lambda a: a + 1)
@@ -217,7 +217,7 @@ def measure_copy_bandwidth(device, n_bytes: int = 1 << 30, iters: int = 20) -> f
 
 
 def mfu_metrics(ctx: Ctx, samples_per_s_per_device: float, peak: float | None) -> dict:
-    """MFU = counted model FLOP/s over the measured bf16 matmul peak, as torch_runs does.
+    """MFU = counted model FLOP/s over the measured bf16 matmul peak, as torch_ddp does.
     The count comes from results/model/flops_<size>px.json (torch.utils.flop_counter)."""
     path = ctx.spec["inputs"].get("flops")
     if not path:

@@ -136,44 +136,49 @@ class Experiment:
         return self.protocol + self.variant(variant).extra_protocol
 
 
+# The modules each measurement's code lives in: a change to what one of them does
+# reruns exactly the experiments that run it (dpscale.provenance).
 COMMON = ("timing", "stats", "results", "models", "costmodel", "roofline", "data")
-TORCH_SOURCES = ("torch_runs", "tuned_model", "triton_bn") + COMMON
-JAX_SOURCES = ("jax_runs",) + COMMON
+DDP = ("torch_job", "torch_ddp", "tuned_model", "triton_bn")
+MODULE_SOURCES = {"torch_ddp": DDP, "torch_comm": ("torch_job", "torch_comm"),
+                  "torch_fsdp": DDP + ("torch_fsdp",), "jax_runs": ("jax_runs",)}
 THROUGHPUT = ("image_size", "train_images", "epochs", "repeats")
 
 
 def _torch(name, title, entry, variants, ks, protocol, chapter, **kw) -> Experiment:
-    return Experiment(name, title, "torch", f"dpscale.torch_runs:{entry}", variants, ks, protocol,
-                      chapter, sources=TORCH_SOURCES, **kw)
+    """entry: "module:function" within dpscale (torch_ddp, torch_comm, torch_fsdp)."""
+    module, _, func = entry.partition(":")
+    return Experiment(name, title, "torch", f"dpscale.{module}:{func}", variants, ks, protocol,
+                      chapter, sources=MODULE_SOURCES[module] + COMMON, **kw)
 
 
 def _jax(name, title, entry, variants, ks, protocol, chapter, **kw) -> Experiment:
     return Experiment(name, title, "jax", f"dpscale.jax_runs:{entry}", variants, ks, protocol,
-                      chapter, sources=JAX_SOURCES, **kw)
+                      chapter, sources=MODULE_SOURCES["jax_runs"] + COMMON, **kw)
 
 
 _ALL = (
-    _torch("ddp_weak", "DDP samples/s with the per-rank batch fixed (weak scaling)", "exp_ddp_weak",
+    _torch("ddp_weak", "DDP samples/s with the per-rank batch fixed (weak scaling)", "torch_ddp:exp_ddp_weak",
            (SEED, CACHED, TORCH_TUNED), every_k, THROUGHPUT + ("per_rank_batch",), "scaling",
            inputs=("raw", "cache", "meta")),
-    _torch("ddp_strong", "DDP samples/s with the global batch fixed (strong scaling)", "exp_ddp_strong",
+    _torch("ddp_strong", "DDP samples/s with the global batch fixed (strong scaling)", "torch_ddp:exp_ddp_strong",
            (SEED, CACHED, TORCH_TUNED), every_k, THROUGHPUT + ("global_batch",), "scaling",
            inputs=("raw", "cache", "meta")),
     _torch("ddp_comm_probe", "synced against no_sync() step time, against the cost model",
-           "exp_comm_probe", (DEFAULT,), multi_k,
+           "torch_comm:exp_comm_probe", (DEFAULT,), multi_k,
            ("image_size", "per_rank_batch", "probe_warmup", "probe_pairs"), "communication",
            needs=(Needs("allreduce", "default", 2),)),
-    _torch("allreduce", "bare all-reduce over a payload sweep, nccl-tests' protocol", "exp_allreduce",
+    _torch("allreduce", "bare all-reduce over a payload sweep, nccl-tests' protocol", "torch_comm:exp_allreduce",
            (DEFAULT, MEMCPY), multi_k, ("allreduce_MiB", "allreduce_warmup", "allreduce_iters"),
            "communication"),
     _torch("ddp_memcpy_training", "exercise 3: DDP training with the NCCL memcpy switch",
-           "exp_memcpy_training", (MEMCPY_TRAINING,), book_pair,
+           "torch_ddp:exp_memcpy_training", (MEMCPY_TRAINING,), book_pair,
            THROUGHPUT + ("per_rank_batch",), "communication",
            inputs=("cache", "meta"), limit_key="memcpy_timeout_s"),
-    _torch("ddp_bucket_sweep", "exercise 1: DDP throughput against bucket_cap_mb", "exp_bucket_sweep",
+    _torch("ddp_bucket_sweep", "exercise 1: DDP throughput against bucket_cap_mb", "torch_ddp:exp_bucket_sweep",
            (DEFAULT,), book_pair, ("image_size", "per_rank_batch", "bucket_cap_MiB", "sweep_steps"),
            "communication"),
-    _torch("fsdp", "FSDP2 beside DDP: training state per rank, peak memory, throughput", "exp_fsdp",
+    _torch("fsdp", "FSDP2 beside DDP: training state per rank, peak memory, throughput", "torch_fsdp:exp_fsdp",
            (DEFAULT,), every_k, ("image_size", "per_rank_batch", "sweep_steps"), "memory"),
     _jax("jax_weak", "JAX data parallelism (Mesh, NamedSharding, jit): weak scaling", "exp_weak",
          (HOST, DEVICE, JAX_TUNED), every_k, THROUGHPUT + ("per_rank_batch",), "jax",

@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import layer_profile, registry, roofline, torch_runs as tr, tuned_model
+from . import layer_profile, registry, roofline, torch_ddp as tr, tuned_model
 from .models import torch_resnet18
 
 WINS = {"stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop"}

@@ -1,6 +1,6 @@
 """The tuned step against its roofline on one GPU, in one call (not part of the pipeline).
 
-  1. rates: the bf16 matmul peak and the device copy bandwidth (torch_runs' helpers)
+  1. rates: the bf16 matmul peak and the device copy bandwidth (dpscale.torch_ddp's helpers)
   2. the step's roofline at batch 256 under each fusion assumption (dpscale.roofline)
   3. a per-layer table: torch.profiler over eager bf16 channels_last steps, each layer's
      forward and backward time beside its bound, the fraction reached and what binds
