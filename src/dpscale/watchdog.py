@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import devices, flight, joblogs, launch, lifeline
+from . import devices, flight, joblogs, launch, lifeline, provenance, registry
 from .results import make_result, record_failure, utc_now, write_json_atomic
 
 POLL_S = 0.5          # how soon a dead Snakemake or a finished worker is noticed
@@ -82,7 +82,8 @@ class Job:
         write_json_atomic(self.result, make_result(
             experiment=s["experiment"], variant=s["variant"], k=s["k"], backend=s["backend"],
             config=s.get("config"), fingerprint=s.get("fingerprint"), env=s.get("env", {}),
-            status=status, reason=reason, started_utc=self.started_utc, **extra))
+            status=status, reason=reason, started_utc=self.started_utc,
+            code=provenance.code_record(registry.get(s["experiment"]).sources), **extra))
 
     def fail(self, reason: str, **evidence) -> int:
         """Record a failed attempt: the report shows it, a plain rerun retries it."""
