@@ -40,12 +40,13 @@ ap.add_argument("--resolved", default=None, help="the resolved configuration as 
 ap.add_argument("--out-dir", required=True, help="where report.html, report.md, figures/ and tables/ go")
 a = ap.parse_args()
 
-targets = a.targets
+targets, plan_info = a.targets, None
 if a.targets_from:
-    targets = [str(Path(a.runs) / t) for t in json.loads(Path(a.targets_from).read_text())["targets"]]
+    plan_info = json.loads(Path(a.targets_from).read_text())
+    targets = [str(Path(a.runs) / t) for t in plan_info["targets"]]
 info = {"command": os.environ.get(COMMAND_VAR)}
 if a.resolved:
     info.update(resolved=json.loads(a.resolved), config_hash=hashlib.sha256(a.resolved.encode()).hexdigest()[:16])
 summary = build(a.runs, a.fingerprint, a.out_dir, targets=targets, references=a.references, book_path=a.book,
-                name=a.name, build_info=info)
+                name=a.name, build_info=info, plan_info=plan_info)
 print(json.dumps(summary, indent=1))

@@ -13,6 +13,7 @@ renamed into place, so an interrupted keep leaves no half reference. The next
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -50,8 +51,9 @@ def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
         for log in sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log")):
             _copy(log, tmp / "logs" / "snakemake" / log.name)
         from .report import build   # matplotlib: only now
+        plan_info = json.loads((tmp / "plan.json").read_text())
         build(tmp / "runs", tmp / "fingerprint.json", tmp / "report", name=name, references=[to],
-              targets=[str(tmp / "runs" / t) for t in _targets(tmp / "plan.json")],
+              targets=[str(tmp / "runs" / t) for t in plan_info["targets"]], plan_info=plan_info,
               book_path=Path(__file__).resolve().parents[2] / "reference" / "book_4090.yaml")
         if target.exists():
             shutil.rmtree(target)
@@ -59,11 +61,6 @@ def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def _targets(plan: Path) -> list[str]:
-    import json
-    return json.loads(plan.read_text())["targets"]
 
 
 def main(argv: list[str] | None = None) -> int:

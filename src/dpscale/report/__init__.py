@@ -29,10 +29,11 @@ from .machines import ReportData, load_found, load_planned, reference_folders, w
 
 
 def load(runs_dir, fingerprint_path, targets=None, references=(), book_path=None, name="this run",
-         build_info=None) -> ReportData:
-    """This run (its planned targets, or every result found), the references, the book."""
+         build_info=None, plan_info=None) -> ReportData:
+    """This run (its planned targets, or every result found), the references, the book.
+    plan_info: how this run's plan was made, when it was read from a kept plan.json."""
     if targets is not None:
-        current = load_planned(runs_dir, fingerprint_path, targets, label=name)
+        current = load_planned(runs_dir, fingerprint_path, targets, label=name, plan_info=plan_info)
     else:
         current = load_found(runs_dir, fingerprint_path, label=name)
     if (Path(runs_dir).parent / "roofline.json").exists():   # a kept machine's per-layer profile
@@ -46,8 +47,8 @@ def load(runs_dir, fingerprint_path, targets=None, references=(), book_path=None
 
 
 def build(runs_dir, fingerprint_path, out_dir, *, targets=None, references=(), book_path=None,
-          name="this run", build_info=None) -> dict:
-    data = load(runs_dir, fingerprint_path, targets, references, book_path, name, build_info)
+          name="this run", build_info=None, plan_info=None) -> dict:
+    data = load(runs_dir, fingerprint_path, targets, references, book_path, name, build_info, plan_info)
     data.build.setdefault("built_utc", utc_now())
     data.build.setdefault("code", provenance.code_record(()))
     out = Path(out_dir)

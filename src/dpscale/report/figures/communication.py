@@ -40,13 +40,8 @@ def _probe_panel(ax, data: ReportData, m: Machine) -> None:
 
 def comm_probe(data: ReportData):
     ms = [m for m in data.machines if probe_rows(m)]
-    rows = [len(probe_rows(m)) for m in ms] or [1]
-    fig, axes = kit.new(1, len(rows), height=1.0 + sum(0.6 + 1.2 * n for n in rows),
-                        gridspec_kw={"height_ratios": rows})
-    if not ms:
-        kit.empty(axes[0, 0], "No ddp_comm_probe results (the probe needs k >= 2).")
-    for ax, m in zip(axes[:, 0], ms):
-        _probe_panel(ax, data, m)
+    fig = kit.stacked(ms, [len(probe_rows(m)) for m in ms], lambda ax, m: _probe_panel(ax, data, m),
+                      "No ddp_comm_probe results (the probe needs k >= 2).", row_in=1.2, pad_in=0.6)
     kit.legend(fig, [(Patch(fc="#777" if h is None else "white", ec="#555", hatch=h), t) for _k, t, h in PROBE_BARS])
     return fig
 

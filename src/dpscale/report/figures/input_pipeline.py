@@ -39,13 +39,8 @@ def _panel(ax, m: Machine) -> None:
 
 def loader(data: ReportData):
     ms = [m for m in data.measured if m.variants("ddp_weak") or m.variants("ddp_strong")]
-    rows = [max(1, len(m.ks("ddp_weak")) + len(m.ks("ddp_strong"))) for m in ms] or [1]
-    fig, axes = kit.new(1, len(rows), height=1.0 + 0.55 * sum(rows) + 0.4 * len(rows),
-                        gridspec_kw={"height_ratios": rows})
-    if not ms:
-        kit.empty(axes[0, 0], "No DDP throughput results: nothing to compare.")
-    for ax, m in zip(axes[:, 0], ms):
-        _panel(ax, m)
+    rows = [max(1, len(m.ks("ddp_weak")) + len(m.ks("ddp_strong"))) for m in ms]
+    fig = kit.stacked(ms, rows, _panel, "No DDP throughput results: nothing to compare.", row_in=0.55)
     texts = {v.name: v.text for v in registry.get("ddp_weak").variants}
     kit.legend(fig, [(Patch(fc=COLORS[v]), f"{v}: {texts[v]}") for v in VARIANTS]
                + [(Patch(fc="white", ec="#888", hatch="xx"), "planned, no number")], ncol=2)

@@ -64,6 +64,19 @@ def new(ncols: int = 1, nrows: int = 1, height: float = 4.2, **kw):
     return fig, axes
 
 
+def stacked(machines: list, rows: list[int], draw, empty_text: str, row_in: float, pad_in: float = 0.4,
+            base_in: float = 1.0):
+    """One panel per machine, stacked, each as tall as its number of rows; draw(ax, m)."""
+    rows = rows or [1]
+    fig, axes = new(1, len(rows), height=base_in + row_in * sum(rows) + pad_in * len(rows),
+                    gridspec_kw={"height_ratios": rows})
+    if not machines:
+        empty(axes[0, 0], empty_text)
+    for ax, m in zip(axes[:, 0], machines):
+        draw(ax, m)
+    return fig
+
+
 def wrap(text: str, width: int = 42) -> str:
     return "\n".join(textwrap.wrap(text, width)) or text
 

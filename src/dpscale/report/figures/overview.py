@@ -43,13 +43,8 @@ def _panel(ax, m: Machine) -> None:
 
 def status(data: ReportData):
     ms = [m for m in data.measured if m.results]
-    heights = [max(1, len(grid_rows(m))) for m in ms] or [1]
-    fig, axes = kit.new(1, len(heights), height=0.9 + 0.26 * sum(heights) + 0.5 * len(heights),
-                        gridspec_kw={"height_ratios": heights})
-    if not ms:
-        kit.empty(axes[0, 0], "no machines with results")
-    for ax, m in zip(axes[:, 0], ms):
-        _panel(ax, m)
+    fig = kit.stacked(ms, [max(1, len(grid_rows(m))) for m in ms], _panel, "no machines with results",
+                      row_in=0.26, pad_in=0.5, base_in=0.9)
     kit.legend(fig, [(Patch(fc=kit.STATUS_COLOR[s], ec="#bbbbbb"), s) for s in STATUSES]
                + [(Patch(fc="#fafafa", ec="#eeeeee"), "not planned at this k")], ncol=3)
     return fig

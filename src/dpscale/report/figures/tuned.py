@@ -62,11 +62,8 @@ def _panel(ax, m: Machine) -> None:
 
 def tuned(data: ReportData):
     ms = [m for m in data.measured if smallest_k(m) is not None]
-    fig, axes = kit.new(1, max(1, len(ms)), height=0.8 + 2.6 * max(1, len(ms)))
-    if not ms:
-        kit.empty(axes[0, 0], "No DDP or JAX throughput results: nothing to compare.")
-    for ax, m in zip(axes[:, 0], ms):
-        _panel(ax, m)
+    fig = kit.stacked(ms, [1] * len(ms), _panel, "No DDP or JAX throughput results: nothing to compare.",
+                      row_in=2.6, pad_in=0.0, base_in=0.8)
     entries = [(Patch(fc=shade), f"{f} {v}: {registry.variant_text(e, v)}")
                for e, f, vs in GROUPS for v, shade in zip(vs, SHADES)]
     kit.legend(fig, entries, ncol=2)
