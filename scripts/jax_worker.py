@@ -55,7 +55,7 @@ def main() -> None:
     if spec.get("launch"):   # k spans nodes: join the other nodes' processes first
         from dpscale.launch import jax_initialize
         jax_initialize(gpu=spec["backend"] == "xla-gpu")
-    from dpscale.jax_runs import run   # imports jax: only after the environment is set
+    from dpscale.jax_job import run   # imports jax: only after the environment is set
 
     run(spec, args.result)
 

@@ -141,7 +141,8 @@ class Experiment:
 COMMON = ("timing", "stats", "results", "models", "costmodel", "roofline", "data")
 DDP = ("torch_job", "torch_ddp", "tuned_model", "triton_bn")
 MODULE_SOURCES = {"torch_ddp": DDP, "torch_comm": ("torch_job", "torch_comm"),
-                  "torch_fsdp": DDP + ("torch_fsdp",), "jax_runs": ("jax_runs",)}
+                  "torch_fsdp": DDP + ("torch_fsdp",), "jax_weak": ("jax_job", "jax_weak"),
+                  "jax_checks": ("jax_job", "jax_checks")}
 THROUGHPUT = ("image_size", "train_images", "epochs", "repeats")
 
 
@@ -153,8 +154,10 @@ def _torch(name, title, entry, variants, ks, protocol, chapter, **kw) -> Experim
 
 
 def _jax(name, title, entry, variants, ks, protocol, chapter, **kw) -> Experiment:
-    return Experiment(name, title, "jax", f"dpscale.jax_runs:{entry}", variants, ks, protocol,
-                      chapter, sources=MODULE_SOURCES["jax_runs"] + COMMON, **kw)
+    """entry: "module:function" within dpscale (jax_weak, jax_checks)."""
+    module, _, func = entry.partition(":")
+    return Experiment(name, title, "jax", f"dpscale.{module}:{func}", variants, ks, protocol,
+                      chapter, sources=MODULE_SOURCES[module] + COMMON, **kw)
 
 
 _ALL = (
@@ -180,13 +183,13 @@ _ALL = (
            "communication"),
     _torch("fsdp", "FSDP2 beside DDP: training state per rank, peak memory, throughput", "torch_fsdp:exp_fsdp",
            (DEFAULT,), every_k, ("image_size", "per_rank_batch", "sweep_steps"), "memory"),
-    _jax("jax_weak", "JAX data parallelism (Mesh, NamedSharding, jit): weak scaling", "exp_weak",
+    _jax("jax_weak", "JAX data parallelism (Mesh, NamedSharding, jit): weak scaling", "jax_weak:exp_weak",
          (HOST, DEVICE, JAX_TUNED), every_k, THROUGHPUT + ("per_rank_batch",), "jax",
          inputs=("cache", "meta", "flops")),
-    _jax("jax_hlo", "the all-reduces XLA inserted into the compiled step", "exp_hlo", (DEFAULT,),
+    _jax("jax_hlo", "the all-reduces XLA inserted into the compiled step", "jax_checks:exp_hlo", (DEFAULT,),
          multi_k, ("image_size", "train_images", "per_rank_batch"), "jax", inputs=("cache", "meta")),
     _jax("jax_equality", "one step at k=1 against one step at k=2, and a broken step it must flag",
-         "exp_equality", (DEFAULT,), always_two, ("image_size", "train_images", "per_rank_batch"), "jax",
+         "jax_checks:exp_equality", (DEFAULT,), always_two, ("image_size", "train_images", "per_rank_batch"), "jax",
          inputs=("cache", "meta"), min_devices=2),
 )
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
