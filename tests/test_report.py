@@ -226,7 +226,10 @@ def test_figures_draw_their_intervals_as_error_bars(built):
                for _p, lo, hi in _bars(communication.comm_probe(data)))
     times = _bars(communication.allreduce(data))
     oop = this.get("allreduce", "default", 2)["metrics"]["table"]["out_of_place"]
-    for row in oop:
-        assert _has(times, row["bytes"] / 2**20, *row["time_us_ci95"])
+    for row in oop:   # the bars are the median call's interval, in time and in busbw
+        lo, hi = row["time_us_ci95"]
+        assert _has(times, row["bytes"] / 2**20, lo, hi)
+        bw = costmodel.busbw(row["bytes"], 1e-6 * row["time_us_median"], 2) / 1e9 * row["time_us_median"]
+        assert _has(times, row["bytes"] / 2**20, bw / hi, bw / lo)
     import matplotlib.pyplot as plt
     plt.close("all")

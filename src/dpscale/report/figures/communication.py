@@ -5,6 +5,7 @@ from __future__ import annotations
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from ... import costmodel
 from ..chapters.communication import bucket_records
 from ..machines import Machine, ReportData
 from ..numbers import allreduce_table, fmt_num, probe_rows
@@ -46,12 +47,16 @@ def comm_probe(data: ReportData):
     return fig
 
 
-def _busbw_bounds(p: dict) -> tuple:
-    """busbw from the ends of the time's interval: the slow end bounds it below."""
-    iv = p.get("time_us_ci95")
-    if not iv or not p.get("time_us"):
-        return None, None
-    return p["busbw_GBps"] * p["time_us"] / iv[1], p["busbw_GBps"] * p["time_us"] / iv[0]
+def _median_points(p: dict, k: int) -> tuple:
+    """(time, busbw, their bounds) of the median call. The bars are the median's interval,
+    so the point they sit on is the median; nccl-tests' mean (the tables' time_us) can lie
+    outside it when a few calls are slow, and a bar would then point the wrong way."""
+    t = p.get("time_us_median") or p["time_us"]
+    lo, hi = p.get("time_us_ci95") or (None, None)
+    bw = costmodel.busbw(p["bytes"], 1e-6 * t, k) / 1e9
+    if lo is None or not lo <= t <= hi:
+        return t, bw, (None, None), (None, None)
+    return t, bw, (lo, hi), (bw * t / hi, bw * t / lo)
 
 
 def _allreduce_series(ax, axt, data: ReportData, m: Machine, used: set) -> None:
@@ -69,14 +74,11 @@ def _allreduce_series(ax, axt, data: ReportData, m: Machine, used: set) -> None:
                         mfc=color if v == "default" else "white")
                 continue
             style = dict(ls="-" if v == "default" else "--", marker=kit.K_MARKER.get(k, "v"), color=color, capsize=3)
-            bounds = [_busbw_bounds(p) for p in pts]
-            kit.errorbars(ax, mib, [p["busbw_GBps"] for p in pts], [b[0] for b in bounds], [b[1] for b in bounds],
-                          **style)
-            ivs = [p.get("time_us_ci95") or (None, None) for p in pts]
-            kit.errorbars(axt, mib, [p["time_us"] for p in pts], [i[0] for i in ivs], [i[1] for i in ivs], **style)
-            bad = [p for p in pts if p.get("wrong")]
-            ax.plot([p["bytes"] / 2**20 for p in bad], [p["busbw_GBps"] for p in bad], ls="none", marker="X", ms=12,
-                    color="#b71c1c")
+            med = [_median_points(p, k) for p in pts]
+            kit.errorbars(ax, mib, [q[1] for q in med], [q[3][0] for q in med], [q[3][1] for q in med], **style)
+            kit.errorbars(axt, mib, [q[0] for q in med], [q[2][0] for q in med], [q[2][1] for q in med], **style)
+            bad = [(x, q[1]) for x, q, p in zip(mib, med, pts) if p.get("wrong")]
+            ax.plot([b[0] for b in bad], [b[1] for b in bad], ls="none", marker="X", ms=12, color="#b71c1c")
 
 
 def allreduce(data: ReportData):
