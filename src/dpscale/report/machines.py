@@ -122,6 +122,12 @@ class Machine:
         ends = [r["finished_utc"] for r in self.results.values() if r.get("finished_utc")]
         return (min(starts, default=None), max(ends, default=None))
 
+    def planned_by(self) -> str:
+        """The command that made the plan, and how a kept plan was rebuilt after the fact."""
+        text = self.plan_info.get("command") or ("this report's plan" if self.plan is not None else "not recorded")
+        how = self.plan_info.get("reconstructed")
+        return f"{text} (reconstructed {how})" if how else text
+
     def commits(self) -> list[str]:
         """The code versions its results were measured with."""
         out = set()

@@ -19,7 +19,7 @@ def plan_table(data: ReportData) -> Table:
     for m in data.measured:
         c = m.counts()
         rows.append([m.name, str(sum(c.values()))] + [str(c[s]) for s in STATUSES]
-                    + [m.plan_info.get("command") or ("this report's plan" if m.plan is not None else "not recorded")])
+                    + [m.planned_by()])
     return Table("plan", "The plan: every planned job, counted by how it ended",
                     ["machine", "planned"] + list(STATUSES) + ["planned by"], rows)
 

@@ -65,7 +65,7 @@ def machines_table(data: ReportData) -> Table:
         start, end = m.dates()
         rows.append([m.label, m.hardware, m.scale, ", ".join(m.data_sources()) or "–", ", ".join(m.backends) or "–",
                      f"{start or '?'} … {end or '?'}", ", ".join(m.commits()) or "–", counts_text(m),
-                     m.plan_info.get("command") or ("this report's" if m.kind == "current" else "–"), m.source])
+                     m.planned_by(), m.source])
     return Table("machines", "Machines, scale, data and code", ["machine", "hardware", "scale", "data",
                     "backends", "measured (UTC)", "code", "plan", "planned by", "results"], rows)
 
