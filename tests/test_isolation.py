@@ -296,6 +296,14 @@ def test_failure_reason_is_the_first_failed_rank_s_exception():
     second = job_log.replace("rank      : 1 (local_rank: 1)", "rank      : 0 (local_rank: 0)")
     assert joblogs.failure_reason(second, ranks, 1) == "ValueError: the root cause (rank 1; exit code 1)"
     assert joblogs.failure_reason("Traceback\nOSError: disk\n", {}, 2) == "OSError: disk (exit code 2)"
+    crashed = job_log.replace("[default1]:RuntimeError: boom\n", "").replace(
+        "exitcode  : 1 (pid: 9)\n", "exitcode  : -11 (pid: 9)\n  error_file: <N/A>\n"
+        "  traceback : Signal 11 (SIGSEGV) received by PID 9\n") + "ChildFailedError: (exit code 1)\n"
+    assert (joblogs.failure_reason(crashed, {"rank 0": "", "rank 1": "step 3\n"}, 1)
+            == "rank 1 was killed: Signal 11 (SIGSEGV) received by PID 9 (exit code 1)")
+    bare = job_log.replace("[default1]:RuntimeError: boom\n", "") + "ChildFailedError: (exit code 1)\n"
+    assert (joblogs.failure_reason(bare, {"rank 1": ""}, 1)
+            == "rank 1 exited with code 1 and printed no traceback (exit code 1)")
     assert (joblogs.failure_reason("last words\n", {}, -9)
             == "the worker exited with exit code -9; its last line: last words")
 

@@ -195,7 +195,7 @@ def test_allreduce_k1_is_trivially_correct(tiny_data, tmp_path):
 def test_allreduce_wrong_sum_is_caught(tiny_data, tmp_path, placement):
     rc, res, log = run_job(make_spec(tiny_data, "allreduce", 2), tmp_path, fault=f"wrong_sum:rank=1:at={placement}")
     assert rc == 0, log
-    assert res["status"] == "failed" and "wrong all-reduce sum" in res["reason"] and placement in res["reason"]
+    assert res["status"] == "failed" and "wrong all-reduce sum" in res["reason"] and placement in res["reason"], log
     m = res["metrics"]
     assert m["correct"] is False and "# Out of bounds values : 2 FAILED" in log
     for side, rows in m["table"].items():   # one element off on one rank: wrong on both ranks, that placement only

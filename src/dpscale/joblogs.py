@@ -14,6 +14,9 @@ EXCEPTION = re.compile(r"^(?:\[[\w-]+\]:)?\s*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*"
                        r"(?:Error|Exception|Interrupt|Exit|Failure|Timeout)\b(?::.*)?)$")
 # torchrun's summary of a failed job: "Root Cause (first observed failure): ... rank : 1 (local_rank: 1)"
 ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)", re.S)
+# ... and how that rank ended: "exitcode  : -11 (pid: 9)", "traceback : Signal 11 (SIGSEGV) received by PID 9"
+ROOT_EXIT = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+).*?\bexitcode\s*:\s*(-?\d+)"
+                       r"(?:.*?\btraceback\s*:\s*([^\n]*))?", re.S)
 # What a rank raises because another one failed: not the cause.
 PEER_FAILURE = re.compile(r"Connection (closed|reset) by peer|Read error|remote worker|Broken pipe|"
                           r"communicator was aborted|Signal 15|SIGTERM", re.I)
@@ -57,10 +60,24 @@ def failure_reason(job_log: str, rank_logs: dict[str, str], exit_code: int | Non
     if causes:
         label, line = causes[0]
         return f"{line} ({label}; {code})"
+    if died := root_cause_exit(job_log):   # a rank that ended without a Python traceback
+        return f"{died} ({code})"
     if line := exception_line(job_log):
         return f"{line} ({code})"
     last = tail(job_log, 1)
     return f"the worker exited with {code}" + (f"; its last line: {last[0]}" if last else "")
+
+
+def root_cause_exit(job_log: str) -> str | None:
+    """torchrun's words for the first rank that failed, when no rank printed an exception:
+    a signal (a crash in C++, the OOM killer) or a bare exit code."""
+    m = ROOT_EXIT.search(job_log)
+    if not m:
+        return None
+    rank, exitcode, how = m.group(1), int(m.group(2)), (m.group(3) or "").strip()
+    if how.startswith("Signal"):
+        return f"rank {rank} was killed: {how}"
+    return f"rank {rank} exited with code {exitcode} and printed no traceback"
 
 
 def timed_out(rank_logs: dict[str, str]) -> bool:
