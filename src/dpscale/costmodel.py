@@ -53,23 +53,28 @@ def interp_time(sizes: list[float], times: list[float], size: float) -> float:
     raise AssertionError("unreachable")
 
 
+def allreduce_rows(metrics: dict) -> dict[str, list[dict]]:
+    """{placement: rows} of an all-reduce result. Results from before the nccl-tests
+    table hold one in-place `sweep` in ms: read as in-place rows in us."""
+    if metrics.get("table"):
+        return {p: list(rows) for p, rows in metrics["table"].items()}
+    rows = [{**r, "time_us": 1e3 * r["time_ms_median"], "time_us_median": 1e3 * r["time_ms_median"],
+             "wrong": None if r.get("correct") is None else (0 if r["correct"] else 1)}
+            for r in metrics.get("sweep") or []]
+    return {"in_place": rows} if rows else {}
+
+
 def allreduce_sweep(metrics: dict, placement: str = "in_place") -> dict:
     """{"bytes", "time_s", "placement"} of an all-reduce result, for predict_comm.
 
     `placement` first, else the other one: in-place by default, because DDP's default
     comm hook all-reduces each bucket's flat buffer in place (out-of-place adds a copy
-    of the payload). The time is the median over iterations of the slowest rank's.
-    Results from before the nccl-tests table hold one in-place `sweep`, in ms."""
-    table = metrics.get("table")
-    if table:
-        other = "out_of_place" if placement == "in_place" else "in_place"
-        used = placement if table.get(placement) else other
-        rows = table[used]
-        return {"bytes": [r["bytes"] for r in rows], "time_s": [r["time_us_median"] / 1e6 for r in rows],
-                "placement": used}
-    rows = metrics["sweep"]
-    return {"bytes": [r["bytes"] for r in rows], "time_s": [r["time_ms_median"] / 1e3 for r in rows],
-            "placement": "in_place"}
+    of the payload). The time is the median over iterations of the slowest rank's."""
+    table = allreduce_rows(metrics)
+    used = placement if table.get(placement) else "out_of_place" if placement == "in_place" else "in_place"
+    rows = table[used]
+    return {"bytes": [r["bytes"] for r in rows], "time_s": [r["time_us_median"] / 1e6 for r in rows],
+            "placement": used}
 
 
 def predict_comm(bucket_bytes: list[float], sweep_k2: dict, k: int) -> dict:

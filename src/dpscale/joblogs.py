@@ -12,11 +12,10 @@ TIMEOUT_MARKERS = re.compile(
 # "RuntimeError: ...", "torch.distributed.DistBackendError: ...", "[default1]:ValueError: ..."
 EXCEPTION = re.compile(r"^(?:\[[\w-]+\]:)?\s*((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*"
                        r"(?:Error|Exception|Interrupt|Exit|Failure|Timeout)\b(?::.*)?)$")
-# torchrun's summary of a failed job: "Root Cause (first observed failure): ... rank : 1 (local_rank: 1)"
-ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)", re.S)
-# ... and how that rank ended: "exitcode  : -11 (pid: 9)", "traceback : Signal 11 (SIGSEGV) received by PID 9"
-ROOT_EXIT = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+).*?\bexitcode\s*:\s*(-?\d+)"
-                       r"(?:.*?\btraceback\s*:\s*([^\n]*))?", re.S)
+# torchrun's summary of a failed job: "Root Cause (first observed failure): ... rank : 1 (local_rank: 1)",
+# and how that rank ended: "exitcode  : -11 (pid: 9)", "traceback : Signal 11 (SIGSEGV) received by PID 9"
+ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?\brank\s*:\s*(\d+)"
+                        r"(?:.*?\bexitcode\s*:\s*(-?\d+))?(?:.*?\btraceback\s*:\s*([^\n]*))?", re.S)
 # What a rank raises because another one failed: not the cause.
 PEER_FAILURE = re.compile(r"Connection (closed|reset) by peer|Read error|remote worker|Broken pipe|"
                           r"communicator was aborted|Signal 15|SIGTERM", re.I)
@@ -71,8 +70,8 @@ def failure_reason(job_log: str, rank_logs: dict[str, str], exit_code: int | Non
 def root_cause_exit(job_log: str) -> str | None:
     """torchrun's words for the first rank that failed, when no rank printed an exception:
     a signal (a crash in C++, the OOM killer) or a bare exit code."""
-    m = ROOT_EXIT.search(job_log)
-    if not m:
+    m = ROOT_CAUSE.search(job_log)
+    if not m or m.group(2) is None:
         return None
     rank, exitcode, how = m.group(1), int(m.group(2)), (m.group(3) or "").strip()
     if how.startswith("Signal"):

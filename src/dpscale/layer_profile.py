@@ -122,29 +122,11 @@ def profile_step(model, step, steps: int, device: bool) -> dict:
 
 
 def table(measured: dict, batch: int, image_size: int, peak_flops: float | None, copy_Bps: float | None) -> list[dict]:
-    """The per-layer table: measured time beside the roofline's bound for that layer with
-    no fusion (what eager runs) and with ideal fusion, the fraction of the bound reached
-    and what binds. Without rates (CPU): the bounds' bytes and FLOPs only."""
-    bounds = {f: {r["layer"]: r for r in roofline.per_layer(roofline.step_passes(batch, image_size, f),
-                                                            peak_flops, copy_Bps)}
-              for f in ("none", "ideal")}
-    layers = list(bounds["none"]) + [name for name in measured.get("layers", {}) if name not in bounds["none"]]
-    rows = []
-    for name in layers:
-        m = measured.get("layers", {}).get(name)
-        none, ideal = bounds["none"].get(name, {}), bounds["ideal"].get(name, {})
-        row = {"layer": name, "flops": none.get("flops", 0.0), "bytes_none": none.get("bytes", 0.0),
-               "bytes_ideal": ideal.get("bytes", 0.0)}
-        if m:
-            row.update(forward_ms=1e3 * m["forward_s"], backward_ms=1e3 * m["backward_s"],
-                       time_ms=1e3 * (m["forward_s"] + m["backward_s"]))
-        if "bound_s" in none:
-            row.update(bound_none_ms=1e3 * none["bound_s"], bound_ideal_ms=1e3 * ideal.get("bound_s", 0.0),
-                       binds=none["binds"])
-            if row.get("time_ms"):
-                row["fraction_of_bound"] = row["bound_none_ms"] / row["time_ms"]
-        rows.append(row)
-    return rows
+    """roofline.layer_table with this profile's times (layers outside the model too)."""
+    times = {name: {"forward_ms": 1e3 * m["forward_s"], "backward_ms": 1e3 * m["backward_s"],
+                    "time_ms": 1e3 * (m["forward_s"] + m["backward_s"])}
+             for name, m in measured.get("layers", {}).items()}
+    return roofline.layer_table(batch, image_size, peak_flops, copy_Bps, times)
 
 
 kind, by_kind = roofline.kind, roofline.by_kind   # pure: the report groups the same way

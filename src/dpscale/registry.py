@@ -146,18 +146,17 @@ MODULE_SOURCES = {"torch_ddp": DDP, "torch_comm": ("torch_job", "torch_comm"),
 THROUGHPUT = ("image_size", "train_images", "epochs", "repeats")
 
 
-def _torch(name, title, entry, variants, ks, protocol, chapter, **kw) -> Experiment:
-    """entry: "module:function" within dpscale (torch_ddp, torch_comm, torch_fsdp)."""
-    module, _, func = entry.partition(":")
-    return Experiment(name, title, "torch", f"dpscale.{module}:{func}", variants, ks, protocol,
-                      chapter, sources=MODULE_SOURCES[module] + COMMON, **kw)
+def _family(family: str):
+    """The Experiment maker of one worker family; entry: "module:function" within dpscale
+    (torch_ddp, torch_comm, torch_fsdp; jax_weak, jax_checks)."""
+    def make(name, title, entry, variants, ks, protocol, chapter, **kw) -> Experiment:
+        module, _, func = entry.partition(":")
+        return Experiment(name, title, family, f"dpscale.{module}:{func}", variants, ks, protocol,
+                          chapter, sources=MODULE_SOURCES[module] + COMMON, **kw)
+    return make
 
 
-def _jax(name, title, entry, variants, ks, protocol, chapter, **kw) -> Experiment:
-    """entry: "module:function" within dpscale (jax_weak, jax_checks)."""
-    module, _, func = entry.partition(":")
-    return Experiment(name, title, "jax", f"dpscale.{module}:{func}", variants, ks, protocol,
-                      chapter, sources=MODULE_SOURCES[module] + COMMON, **kw)
+_torch, _jax = _family("torch"), _family("jax")
 
 
 _ALL = (

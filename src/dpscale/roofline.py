@@ -289,6 +289,31 @@ def per_layer(passes: list[Pass], peak_flops: float | None = None, copy_Bps: flo
     return list(rows.values())
 
 
+def layer_table(batch: int, image_size: int, peak_flops: float | None, copy_Bps: float | None,
+                times: dict | None = None, unmodelled: bool = True) -> list[dict]:
+    """The per-layer table: each layer's FLOPs and bytes with no fusion (what eager runs)
+    and with ideal fusion and, given the rates, both bounds, what binds, and, where
+    `times` ({layer: {"time_ms", ...}}) has the layer, its time and the fraction of the
+    unfused bound it reached. unmodelled: also the timed layers the roofline has no
+    passes for (the loss). Without rates (CPU): the bytes and FLOPs only."""
+    bounds = {f: {r["layer"]: r for r in per_layer(step_passes(batch, image_size, f), peak_flops, copy_Bps)}
+              for f in ("none", "ideal")}
+    times = times or {}
+    layers = list(bounds["none"]) + ([name for name in times if name not in bounds["none"]] if unmodelled else [])
+    rows = []
+    for name in layers:
+        none, ideal = bounds["none"].get(name, {}), bounds["ideal"].get(name, {})
+        row = {"layer": name, "flops": none.get("flops", 0.0), "bytes_none": none.get("bytes", 0.0),
+               "bytes_ideal": ideal.get("bytes", 0.0), **times.get(name, {})}
+        if "bound_s" in none:
+            row.update(bound_none_ms=1e3 * none["bound_s"], bound_ideal_ms=1e3 * ideal.get("bound_s", 0.0),
+                       binds=none["binds"])
+            if row.get("time_ms"):
+                row["fraction_of_bound"] = row["bound_none_ms"] / row["time_ms"]
+        rows.append(row)
+    return rows
+
+
 def roofline_fields(batch: int, image_size: int, samples_per_s_per_device: float | None,
                     peak_flops: float | None, copy_Bps: float | None) -> dict:
     """The roofline beside MFU in a tuned result (torch and JAX alike): the 'ideal'

@@ -15,7 +15,6 @@ declarations are light: the workflow reads them when it is parsed (no matplotlib
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .. import provenance
@@ -25,7 +24,7 @@ from .chapters import CHAPTERS, csv_tables, figure_specs
 from .chapters.common import prose
 from .chapters.provenance import header
 from .document import utc_now
-from .machines import ReportData, load_found, load_planned, reference_folders, with_references
+from .machines import ReportData, kept_profile, load_found, load_planned, reference_folders, with_references
 
 
 def load(runs_dir, fingerprint_path, targets=None, references=(), book_path=None, name="this run",
@@ -36,8 +35,7 @@ def load(runs_dir, fingerprint_path, targets=None, references=(), book_path=None
         current = load_planned(runs_dir, fingerprint_path, targets, label=name, plan_info=plan_info)
     else:
         current = load_found(runs_dir, fingerprint_path, label=name)
-    if (Path(runs_dir).parent / "roofline.json").exists():   # a kept machine's per-layer profile
-        current.profile = json.loads((Path(runs_dir).parent / "roofline.json").read_text())
+    current.profile = kept_profile(Path(runs_dir).parent)   # a kept machine's, rebuilt from its folder
     same = Path(runs_dir).resolve()
     folders = [f for f in reference_folders(references) if (f / "runs").resolve() != same and f.name != name]
     refs, notes = with_references(current, folders)

@@ -204,9 +204,14 @@ def load_reference(folder: Path) -> Machine:
     """reference/<name>/: fingerprint.json, runs/, plan.json (what that run planned), and
     roofline.json where one was kept (tools/gpu/probe_roofline.py's per-layer profile)."""
     m = _load_reference(Path(folder))
-    if (Path(folder) / "roofline.json").exists():
-        m.profile = json.loads((Path(folder) / "roofline.json").read_text())
+    m.profile = kept_profile(Path(folder))
     return m
+
+
+def kept_profile(folder: Path) -> dict | None:
+    """The per-layer profile kept with a machine's results (folder/roofline.json), if any."""
+    path = Path(folder) / "roofline.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _load_reference(folder: Path) -> Machine:

@@ -182,16 +182,8 @@ def distinguishable(row: dict) -> str:
 
 
 def allreduce_table(r: dict | None) -> dict[str, list[dict]]:
-    """{placement: rows} with bytes, time_us, algbw, busbw and #wrong per row. Results
-    before the nccl-tests table held one in-place sweep in ms: read as in-place."""
-    table = metric(r, "table")
-    if table:
-        return {p: list(rows) for p, rows in table.items()}
-    rows = []
-    for p in metric(r, "sweep", default=[]) or []:
-        wrong = None if p.get("correct") is None else (0 if p["correct"] else 1)
-        rows.append({**p, "time_us": 1e3 * p["time_ms_median"], "wrong": wrong})
-    return {"in_place": rows} if rows else {}
+    """{placement: rows} with bytes, time_us, algbw, busbw and #wrong per row."""
+    return costmodel.allreduce_rows((r or {}).get("metrics") or {})
 
 
 def allreduce_at(r: dict | None, mib: float = 64, placement: str = "in_place") -> dict | None:

@@ -69,20 +69,13 @@ def layer_rows(m: Machine, r: dict) -> list[dict]:
     peak = 1e12 * (metric(r, "bf16_matmul_peak_TFLOPs") or 0) or None
     bw = 1e9 * (metric(r, "copy_bandwidth_GBps") or 0) or None
     batch, size = metric(r, "per_rank_batch"), (r.get("config") or {}).get("protocol", {}).get("image_size", 64)
-    bounds = {f: {x["layer"]: x for x in roofline.per_layer(roofline.step_passes(batch, size, f), peak, bw)}
-              for f in ("none", "ideal")}
-    eager = {x["layer"]: x for x in ((m.profile or {}).get("stages", {}).get("layers") or [{}])[-1].get("rows", [])}
-    rows = []
-    for name, none in bounds["none"].items():
-        ideal, t = bounds["ideal"].get(name, {}), eager.get(name, {}).get("time_ms")
-        row = {"machine": m.label, "layer": name, "kind": roofline.kind(name), "GFLOP": none["flops"] / 1e9,
-               "MB_unfused": none["bytes"] / 1e6, "MB_ideal": ideal.get("bytes", 0) / 1e6,
-               "bound_unfused_ms": 1e3 * none["bound_s"] if "bound_s" in none else None,
-               "bound_ideal_ms": 1e3 * ideal["bound_s"] if "bound_s" in ideal else None,
-               "binds": none.get("binds", "–"), "eager_ms": t}
-        row["fraction_of_bound"] = row["bound_unfused_ms"] / t if t and row["bound_unfused_ms"] else None
-        rows.append(row)
-    return rows
+    kept = ((m.profile or {}).get("stages", {}).get("layers") or [{}])[-1].get("rows", [])
+    times = {x["layer"]: {"time_ms": x["time_ms"]} for x in kept if x.get("time_ms") is not None}
+    return [{"machine": m.label, "layer": x["layer"], "kind": roofline.kind(x["layer"]), "GFLOP": x["flops"] / 1e9,
+             "MB_unfused": x["bytes_none"] / 1e6, "MB_ideal": x["bytes_ideal"] / 1e6,
+             "bound_unfused_ms": x.get("bound_none_ms"), "bound_ideal_ms": x.get("bound_ideal_ms"),
+             "binds": x.get("binds", "–"), "eager_ms": x.get("time_ms"), "fraction_of_bound": x.get("fraction_of_bound")}
+            for x in roofline.layer_table(batch, size, peak, bw, times, unmodelled=False)]
 
 
 def layers_table(data: ReportData) -> Table:
