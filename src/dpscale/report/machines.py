@@ -123,10 +123,10 @@ class Machine:
         return (min(starts, default=None), max(ends, default=None))
 
     def planned_by(self) -> str:
-        """The command that made the plan, and how a kept plan was rebuilt after the fact."""
+        """The command that made the plan; a kept plan rebuilt after the fact says so (how:
+        plan_info["reconstructed"], which the provenance shows as a note of its own)."""
         text = self.plan_info.get("command") or ("this report's plan" if self.plan is not None else "not recorded")
-        how = self.plan_info.get("reconstructed")
-        return f"{text} (reconstructed {how})" if how else text
+        return f"{text} (plan reconstructed after the fact)" if self.plan_info.get("reconstructed") else text
 
     def commits(self) -> list[str]:
         """The code versions its results were measured with."""

@@ -18,10 +18,9 @@ def plan_table(data: ReportData) -> Table:
     rows = []
     for m in data.measured:
         c = m.counts()
-        rows.append([m.name, str(sum(c.values()))] + [str(c[s]) for s in STATUSES]
-                    + [m.planned_by()])
-    return Table("plan", "The plan: every planned job, counted by how it ended",
-                    ["machine", "planned"] + list(STATUSES) + ["planned by"], rows)
+        rows.append([m.name, str(sum(c.values()))] + [str(c[s]) for s in STATUSES])
+    return Table("plan", "The plan: every planned job, counted by how it ended (who planned it: the "
+                 "provenance's machines table)", ["machine", "planned"] + list(STATUSES), rows)
 
 
 def took(r: dict) -> str:

@@ -53,6 +53,8 @@ def banners(data: ReportData) -> list[tuple[str, str]]:
             out.append(("alert", f"{m.name}: SYNTHETIC DATA. Fashion-MNIST was not used; a deterministic synthetic "
                                  "stand-in of the same shape fed these runs. Throughput does not depend on pixel "
                                  "values; losses do."))
+        if how := m.plan_info.get("reconstructed"):
+            out.append(("info", f"{m.name}: its plan was reconstructed {how}."))
         out += [("alert", f"{m.name}: unreadable artifact: {e}") for e in m.errors]
         if not any(r["status"] != "not run" for r in m.results.values()):
             out.append(("alert", f"{m.name}: no result JSONs found under {m.source}."))
