@@ -76,6 +76,8 @@ rule report:
         references=REFERENCE_DIRS,
         # the resolved configuration: the report states its hash, plan.json keeps it
         resolved=specs.dumps(RESOLVED),
+        # what draws the report: a change to it rebuilds the report (no measurement)
+        code=provenance.report_digest(),
         out_dir=lambda w, output: os.path.dirname(output.html),
     shell:
         "python {params.scripts}/report.py --runs results/runs --fingerprint {input.fingerprint}"

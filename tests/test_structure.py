@@ -98,3 +98,19 @@ def test_what_the_workflow_imports_when_parsed_is_light():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_report_digest_covers_what_the_report_imports():
+    """provenance.REPORT_MODULES, the modules whose change rebuilds the report, are
+    exactly the dpscale modules the report package reaches by its imports."""
+    from dpscale.provenance import REPORT_MODULES
+    mods = modules()
+    graph = {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+    seen, todo = set(), [m for m in mods if m.startswith("dpscale.report")]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += graph[m]
+    outside = {m.removeprefix("dpscale.") for m in seen if not m.startswith("dpscale.report") and m != "dpscale"}
+    assert outside == set(REPORT_MODULES)

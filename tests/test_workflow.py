@@ -87,6 +87,14 @@ def test_smoke_run_elsewhere_reruns_and_additions(repo, tmp_path):
         assert job_counts(out).get("ddp_weak") == 6 and "Params have changed" in out
     finally:
         source.write_text(original)
+    # a change to what draws the report rebuilds the report alone
+    kit = repo / "src/dpscale/report/figures/kit.py"
+    original = kit.read_text()
+    try:
+        kit.write_text(original + "\nFIGURE_FIX = 1\n")
+        assert job_counts(elsewhere(repo, work, "-n", "--cores", "2", "report", *cfg).stdout) == {"report": 1}
+    finally:
+        kit.write_text(original)
 
     # another machine: every measurement reruns, the data stage does not
     b = write_hw(tmp_path, "machine_b", cpu_model="another-cpu")

@@ -60,6 +60,23 @@ def source_digest(modules: tuple[str, ...]) -> str:
     return h.hexdigest()[:16]
 
 
+# The dpscale modules the report package imports (tests/test_structure.py checks the list).
+REPORT_MODULES = ("costmodel", "models", "provenance", "registry", "results", "roofline", "stats")
+
+
+def report_digest() -> str:
+    """sha256 (16 hex digits) of what draws the report: the report package's code (as
+    source_digest reads it), its templates and prose, and the modules it imports. The
+    report rule's params value: a fixed figure or reworded prose rebuilds the report,
+    and reruns no measurement."""
+    h = hashlib.sha256(source_digest(REPORT_MODULES).encode())
+    folder = PACKAGE / "report"
+    for p in sorted(f for f in folder.rglob("*") if f.is_file() and "__pycache__" not in f.parts):
+        body = _normalised(p) if p.suffix == ".py" else p.read_text()
+        h.update(str(p.relative_to(folder)).encode() + b"\0" + body.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def _git(*args: str) -> str | None:
     try:
         p = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10)
