@@ -30,7 +30,7 @@ def _probe_panel(ax, data: ReportData, m: Machine) -> None:
             measured = key == "comm_ms" and row["comm_lo"] is not None
             err = [[v - row["comm_lo"]], [row["comm_hi"] - v]] if measured else None
             ax.barh(y, v, 0.19, color=color if hatch is None else "white", ec=color, hatch=hatch, xerr=err, capsize=2)
-            ax.text(max(v, 0), y, f" {fmt_num(v)}", va="center", fontsize=9)
+            kit.bar_label(ax, v, row["comm_hi"] if measured else None, y, fmt_num(v))
     ax.set_yticks(range(len(rows)), [f"k={r['k']}" for r in rows])
     ax.invert_yaxis()
     ax.axvline(0, color="black", lw=0.8)

@@ -26,7 +26,7 @@ def _panel(ax, m: Machine) -> None:
             if val is not None:
                 err = [[val - lo], [hi - val]] if lo is not None else None
                 ax.barh(y, val, h * 0.9, color=COLORS[v], xerr=err, capsize=2)
-                ax.text(val + top * 0.01, y, fmt_num(val), va="center", fontsize=9)
+                kit.bar_label(ax, val, hi if lo is not None else None, y, fmt_num(val))
             elif r is not None:
                 ax.barh(y, top * 0.03, h * 0.9, color="white", ec=COLORS[v], hatch="xx")
                 ax.text(top * 0.04, y, r["status"], va="center", fontsize=9, color="#b71c1c")

@@ -137,6 +137,11 @@ def mark_missing(ax, x: float, text: str, color: str, slot: int = 0) -> None:
     ax.text(x, y + 0.03, text, color=color, fontsize=9, ha="center", va="bottom", transform=tr)
 
 
+def bar_label(ax, value: float, hi: float | None, y: float, text: str) -> None:
+    """A horizontal bar's number, past the end of its error bar (if any), not on it."""
+    ax.text(max(value, hi or 0, 0), y, f" {text}", va="center", fontsize=9)
+
+
 def errorbars(ax, xs, ys, los, his, **style):
     """ys with their intervals where every point has one, else plain points."""
     if all(lo is not None for lo in los) and los:

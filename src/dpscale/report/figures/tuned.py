@@ -41,10 +41,12 @@ def _panel(ax, m: Machine) -> None:
             if val is not None:
                 ax.barh(y, val, 0.75, color=shade, xerr=[[val - lo], [hi - val]] if lo else None, capsize=2)
                 mfu = metric(r, "mfu")
-                ax.text(val, y, f" {fmt_num(val)}" + (f"  MFU {mfu:.2f}" if mfu else ""), va="center", fontsize=9)
+                kit.bar_label(ax, val, hi if lo else None, y, fmt_num(val) + (f"  MFU {mfu:.2f}" if mfu else ""))
                 top = max(top, val)
             elif r is not None:
                 ax.text(0, y, f" {r['status']}", va="center", fontsize=9, color="#b71c1c")
+            else:   # a row of the comparison this machine's plan left out (the smoke plan has no tuned series)
+                ax.text(0, y, " not planned here", va="center", fontsize=9, color="#777777")
             y += 1
         y += 0.5
     for value, text, ls in ((mfu_one(m, k), "MFU = 1", ":"), (roofline_bound(m, k), "roofline", "--")):
