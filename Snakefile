@@ -10,9 +10,9 @@ from snakemake.utils import min_version, validate
 
 min_version("9.0")
 sys.path.insert(0, f"{workflow.basedir}/src")
-from dpscale.config import ConfigError, coerce_cli_types
-from dpscale.configcheck import check
-from dpscale.locks import release_stale
+from dpscale.plan.config import ConfigError, coerce_cli_types
+from dpscale.plan.configcheck import check
+from dpscale.run.locks import release_stale
 from dpscale.provenance import export_command
 
 if workflow.is_main_process:  # the report names the command line that built it

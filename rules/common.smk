@@ -6,15 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from dpscale import (
-    config as dsconfig,
-    fingerprint as dsfp,
-    launch,
-    provenance,
-    registry,
-    results,
-    specs,
-)
+from dpscale.plan import config as dsconfig, fingerprint as dsfp, cluster as dscluster, specs
+from dpscale import provenance, registry, results
 
 try:
     FP = dsfp.load(config["hardware_file"]) if config["hardware_file"] else dsfp.probe()
@@ -125,13 +118,13 @@ def code_of(exp):
 # ---- What a measurement job asks a cluster for (profiles/slurm, docs/cluster.md).
 # Local runs use only `measure` (profiles/default limits it to 1 at a time).
 # {"nodes": most a job may span, "gpus_per_node": G (null in the config: the fingerprint's)}
-CLUSTER = launch.effective(RESOLVED["cluster"], FP)
+CLUSTER = dscluster.effective(RESOLVED["cluster"], FP)
 HAS_GPUS = (FP.get("gpu_count") or 0) > 0
 
 
 def nodes_of(wildcards):
     """Nodes a job spans: ceil(k / G); 1 when k fits one node or is skipped."""
-    return launch.nodes_for(int(wildcards.k), CLUSTER)
+    return dscluster.nodes_for(int(wildcards.k), CLUSTER)
 
 
 def gpus_of(wildcards):
@@ -139,7 +132,7 @@ def gpus_of(wildcards):
     is skipped (it runs nothing and must not wait for GPUs that do not exist), and
     for multi-node jobs, which ask per node (gres_of)."""
     k = int(wildcards.k)
-    if not HAS_GPUS or k > launch.capacity(CLUSTER) or nodes_of(wildcards) > 1:
+    if not HAS_GPUS or k > dscluster.capacity(CLUSTER) or nodes_of(wildcards) > 1:
         return 0
     return k
 
@@ -160,19 +153,19 @@ def mpi_of(wildcards):
     """The key alone makes the SLURM plugin run a measurement in the job's batch
     step (with all of the first node's GPUs), not inside `srun -n1`; its value, set
     on multi-node jobs, makes it submit --ntasks=N, and the watchdog starts its
-    own srun over all nodes (dpscale.launch)."""
+    own srun over all nodes (dpscale.run.launch)."""
     return "srun" if nodes_of(wildcards) > 1 else ""
 
 
 def cpus_of(wildcards):
     """CPU stand-ins: one core per gloo process or JAX host device on a node."""
     k = int(wildcards.k)
-    return min(k, CLUSTER["gpus_per_node"]) if k <= launch.capacity(CLUSTER) else 1
+    return min(k, CLUSTER["gpus_per_node"]) if k <= dscluster.capacity(CLUSTER) else 1
 
 
 # `resources: **MEASURE` in every measurement rule. tasks_per_gpu=0: without it
 # the plugin turns `tasks` into --ntasks-per-gpu as well, on a GPU job. lock_dir and
-# lock_wait_s reach the watchdog (dpscale.devices) as resources, not params: changing
+# lock_wait_s reach the watchdog (dpscale.run.devices) as resources, not params: changing
 # them must not rerun a measurement. No executor reads them (the SLURM plugin maps
 # only names it knows; a job step gets lock_wait_s as --resources, which it meets).
 MEASURE = dict(

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the pack
 import argparse
 import logging
 
-from dpscale.models import model_flops_record
+from dpscale.model.models import model_flops_record
 from dpscale.results import write_json_atomic
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -3,7 +3,7 @@
 
     python scripts/jax_worker.py --spec JSON --result OUT.json
 
-The spec (built by rules/common.smk, see dpscale.specs.job_spec) names the
+The spec (built by rules/common.smk, see dpscale.plan.specs.job_spec) names the
 experiment (see the list below, from dpscale.registry) and its protocol numbers.
 
 Before JAX is imported this sets, for backend xla-cpu, JAX_PLATFORMS=cpu and
@@ -53,9 +53,9 @@ def main() -> None:
     spec = json.loads(args.spec)
     set_platform_env(spec)
     if spec.get("launch"):   # k spans nodes: join the other nodes' processes first
-        from dpscale.launch import jax_initialize
+        from dpscale.run.launch import jax_initialize
         jax_initialize(gpu=spec["backend"] == "xla-gpu")
-    from dpscale.jax_job import run   # imports jax: only after the environment is set
+    from dpscale.measure.jax_job import run   # imports jax: only after the environment is set
 
     run(spec, args.result)
 

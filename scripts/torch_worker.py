@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the package beside the workflow
-from dpscale.lifeline import die_with_parent
+from dpscale.run.lifeline import die_with_parent
 
-die_with_parent()   # first, before torch loads: a rank never outlives its torchrun (dpscale.lifeline)
+die_with_parent()   # first, before torch loads: a rank never outlives its torchrun (dpscale.run.lifeline)
 import argparse
 import json
 
-from dpscale.torch_job import run
+from dpscale.measure.torch_job import run
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--spec", required=True, help="job spec as JSON")

@@ -15,8 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from dpscale import data, specs  # noqa: E402
-from dpscale.models import model_flops_record  # noqa: E402
+from dpscale import data  # noqa: E402
+from dpscale.plan import specs  # noqa: E402
+from dpscale.model.models import model_flops_record  # noqa: E402
 from dpscale.results import write_json_atomic  # noqa: E402
 
 CPU_FP = {"gpu_model": None, "gpu_count": 0, "gpu_memory_MiB": None, "driver": None, "cuda": None,

@@ -41,7 +41,7 @@ def torch_step(out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dpscale.models import torch_resnet18
+    from dpscale.model.models import torch_resnet18
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -81,7 +81,7 @@ def jax_step(out: str, coordinator: str | None, num_processes: int, process_id: 
     from flax import nnx
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-    from dpscale.models import flax_resnet18
+    from dpscale.model.models import flax_resnet18
 
     devices = jax.devices()   # every process's devices, in one global order
     mesh = Mesh(np.array(devices), ("data",))

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpscale import costmodel, specs, stats
+from dpscale.analysis import costmodel, stats
+from dpscale.plan import specs
 from dpscale.results import make_result, write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -39,7 +39,7 @@ def _train(dev, build, graphed: bool, lr: float, channels_last: bool = False):
     when graphed, as DDP must be). Returns the model, the GraphedStep, the losses."""
     from torch.nn import functional as F
 
-    from dpscale.torch_ddp import GraphedStep
+    from dpscale.measure.torch_ddp import GraphedStep
     side = torch.cuda.Stream(dev) if graphed else None
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         model = build()
@@ -69,7 +69,7 @@ def _train(dev, build, graphed: bool, lr: float, channels_last: bool = False):
 
 
 def _assert_same_run(plain, graphed):
-    from dpscale.torch_ddp import GraphedStep
+    from dpscale.measure.torch_ddp import GraphedStep
     (plain_model, _, plain_losses), (graphed_model, g, graphed_losses) = plain, graphed
     assert g.graph is not None and g.error is None and g.calls == GraphedStep.EAGER_STEPS + 6
     assert graphed_losses == pytest.approx(plain_losses, rel=1e-4, abs=1e-5)
@@ -84,7 +84,7 @@ def test_graphed_step_trains_like_the_eager_step(nccl_rank0):
     must compute the same training run as the plain loop: same losses, same weights."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dpscale.models import torch_resnet18
+    from dpscale.model.models import torch_resnet18
 
     def build():
         torch.manual_seed(0)
@@ -99,7 +99,7 @@ def test_tuned_ddp_model_graphed_trains_like_uncaptured(nccl_rank0):
     eager model a short run drifts apart from rounding alone: the compiled kernels
     sum in another order, and a few steps amplify that. At lr=0.1 this tiny run also
     diverges, loss 2.4 -> 16 in 5 steps, so it trains at 0.01.)"""
-    from dpscale import torch_ddp as tr
+    from dpscale.measure import torch_ddp as tr
     ctx = tr.Ctx({"backend": "nccl",
                   "config": {"protocol": {}, "tuned": {"compile": True, "cuda_graph": True, "ddp": []}}})
 
@@ -118,8 +118,8 @@ def _train_tuned_variant(dev, overrides: dict, steps: int = 24, lr: float = 0.01
     from torch.nn import functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dpscale import tuned_model as tm
-    from dpscale.models import torch_resnet18
+    from dpscale.model import tuned_model as tm
+    from dpscale.model.models import torch_resnet18
     torch.manual_seed(0)
     net = tm.apply(torch_resnet18(), overrides).to(dev, torch.float64).to(memory_format=torch.channels_last)
     model = DDP(net, device_ids=[dev.index])
@@ -161,7 +161,7 @@ def test_cheap_wins_train_like_the_seed_model(nccl_rank0, monkeypatch):
     channels_last: over 24 SGD steps the same losses and weights as the model without
     them, and the same eval-mode output (the dropped biases live on in running_mean).
     The mutation, conv3's bias dropped too (it is added without BatchNorm), must fail."""
-    from dpscale import tuned_model as tm
+    from dpscale.model import tuned_model as tm
     base, base_losses, X = _train_tuned_variant(nccl_rank0, {})
     wins = {"stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop"}
     model, losses, _ = _train_tuned_variant(nccl_rank0, wins)
@@ -178,7 +178,7 @@ def test_triton_statistics_batchnorm_trains_like_torch_batchnorm(nccl_rank0, mon
     """Every BatchNorm with its statistics from the Triton kernel (compiled for this GPU;
     float64 accumulation for float64 input): 24 steps like torch's BatchNorm. The
     mutation, a tile merge that forgets the spread of the tiles' means, must fail."""
-    from dpscale import triton_bn
+    from dpscale.lab import triton_bn
     base, base_losses, X = _train_tuned_variant(nccl_rank0, {})
     assert _same_training(base, base_losses, X, *_train_tuned_variant(nccl_rank0, {"batchnorm": "triton_stats"})[:2])
     def naive(mean_t, m2_t, M):

@@ -24,7 +24,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, SMALL, SNAKEMAKE, copy_repo, env_with_src, job_counts, make_spec, run_job, smk
 
-from dpscale import config, devices, flight, joblogs, launch, lifeline, results
+from dpscale.plan import config
+from dpscale.run import devices, flight, joblogs, launch, lifeline
+from dpscale import results
 
 WATCHDOG = str(ROOT / "scripts/watchdog.py")
 
@@ -109,7 +111,7 @@ def test_a_watchdog_waiting_for_its_devices_gives_up_when_its_parent_dies(tmp_pa
 
 def test_a_worker_dies_with_its_parent(tmp_path):
     """What each rank does at the top of torch_worker.py: die when torchrun dies."""
-    child = ("import sys, time; from dpscale.lifeline import die_with_parent; die_with_parent(); "
+    child = ("import sys, time; from dpscale.run.lifeline import die_with_parent; die_with_parent(); "
              "open(sys.argv[1], 'w').write('up'); time.sleep(600)")
     parent = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]]); "
               "print(p.pid, flush=True); time.sleep(600)")

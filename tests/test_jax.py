@@ -1,4 +1,4 @@
-"""The JAX experiments (dpscale.jax_weak and jax_checks via scripts/jax_worker.py), launched as the
+"""The JAX experiments (dpscale.measure.jax_weak and jax_checks via scripts/jax_worker.py), launched as the
 workflow launches them (watchdog + worker, spec from specs.job_spec) on the tiny
 synthetic cache. Every run is a fresh process: XLA reads XLA_FLAGS (the number of
 host devices) once, when jax starts, so it cannot be changed inside pytest."""
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import CPU_FP, ROOT, TINY, make_spec, run_job
 
-from dpscale.models import NUM_PARAMS
+from dpscale.model.models import NUM_PARAMS
 from dpscale.results import validate_result
 
 # Tiny on purpose: a CPU step of the full ResNet-18 costs ~0.3-1 s even at 16x16.
@@ -33,7 +33,7 @@ def run_ok(tiny_data, tmp_path, experiment, k, variant="default") -> dict:
 # ---------------------------------------------------------------- units (no devices)
 
 def test_compare_updates_flags_a_k_times_update():
-    from dpscale.jax_checks import REL_THRESHOLD, compare_updates
+    from dpscale.measure.jax_checks import REL_THRESHOLD, compare_updates
     rng = np.random.default_rng(0)
     d1 = {"a": rng.normal(0, 1e-2, (3, 4)), "b": rng.normal(0, 1e-3, 5)}
     rounding = {n: v + rng.normal(0, 1e-7, v.shape) for n, v in d1.items()}
@@ -45,7 +45,7 @@ def test_compare_updates_flags_a_k_times_update():
 
 
 def test_parse_allreduces_reads_tuples_async_and_dtypes():
-    from dpscale.jax_checks import other_collectives, parse_allreduces
+    from dpscale.measure.jax_checks import other_collectives, parse_allreduces
     hlo = "\n".join([
         "  %all-reduce.1 = (f32[64]{0}, f32[3,3,1,64]{3,2,1,0}, /*index=2*/bf16[10]{0}) "
         "all-reduce(%a, %b, %c), channel_id=2, to_apply=%add",
@@ -116,7 +116,7 @@ def test_weak(tiny_data, tmp_path, k, variant):
 
 
 def test_mfu_refuses_a_count_for_another_image_size(tiny_data, tmp_path):
-    from dpscale import jax_job
+    from dpscale.measure import jax_job
     spec = make_spec(tiny_data, "jax_weak", 1, "host", proto={"image_size": 32})
     with pytest.raises(ValueError, match=r"counts 16px images, the protocol asks for 32px"):
         jax_job.mfu_metrics(jax_job.Ctx(spec), 100.0, 1e15)

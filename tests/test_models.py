@@ -1,7 +1,7 @@
 """The seed's ResNet-18 in both frameworks: same size, same output shape."""
 import numpy as np
 
-from dpscale import models
+from dpscale.model import models
 
 
 def test_torch_and_flax_resnet18_match_the_book():

@@ -139,15 +139,16 @@ def test_jax_two_processes_match_one_process(tmp_path):
 
 
 def test_launch_rewrites_torchrun_for_several_nodes():
-    """dpscale.launch (the watchdog's multi-node rewrite), where the repo has it."""
+    """dpscale.run.launch (the watchdog's multi-node rewrite), where the repo has it."""
     if str(REPO / "src") not in sys.path:
         sys.path.insert(0, str(REPO / "src"))
     launch = pytest.importorskip(
-        "dpscale.launch", reason="dpscale.launch is not in this repo yet (docs/cluster.md's multi-node launch)")
+        "dpscale.run.launch", reason="dpscale.run.launch is not in this repo yet (docs/cluster.md's multi-node launch)")
+    from dpscale.plan import cluster as dscluster
     cluster = {"nodes": 2, "gpus_per_node": 8}
-    assert [launch.nodes_for(k, cluster) for k in (1, 8, 16, 32)] == [1, 1, 2, 1]   # 32: skipped
-    assert launch.layout(8, cluster) is None
-    assert launch.layout(16, cluster) == {"nodes": 2, "gpus_per_node": 8}
+    assert [dscluster.nodes_for(k, cluster) for k in (1, 8, 16, 32)] == [1, 1, 2, 1]   # 32: skipped
+    assert dscluster.layout(8, cluster) is None
+    assert dscluster.layout(16, cluster) == {"nodes": 2, "gpus_per_node": 8}
     cmd = ["torchrun", "--standalone", "--nproc-per-node=16", "--log-dir", "L", "--redirects", "3",
            "w.py", "--spec", "{}"]
     new, env = launch.multinode_command(cmd, {"nodes": 2, "gpus_per_node": 8},

@@ -1,5 +1,5 @@
-"""tools/gpu/probe_roofline.py and the package pieces behind it (dpscale.layer_profile,
-dpscale.tuned_probe), on the CPU: the lead's device minutes go to measuring, not to typos."""
+"""tools/gpu/probe_roofline.py and the package pieces behind it (dpscale.lab.layer_profile,
+dpscale.lab.tuned_probe), on the CPU: the lead's device minutes go to measuring, not to typos."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,9 @@ import pytest
 import torch
 from conftest import ROOT, env_with_src
 
-from dpscale import layer_profile, roofline, tuned_probe
-from dpscale.models import torch_resnet18
+from dpscale.lab import layer_profile, tuned_probe
+from dpscale.analysis import roofline
+from dpscale.model.models import torch_resnet18
 
 
 def test_every_layer_gets_its_forward_and_backward_time():

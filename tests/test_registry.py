@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import CPU_FP, ROOT
 
-from dpscale import config as dsconfig, registry, specs
+from dpscale.plan import config as dsconfig, specs
+from dpscale import provenance, registry
 from dpscale.report.chapters import CHAPTERS
 
 PARSED = ("src", "rules", "scripts", "Snakefile", "schemas", "config.yaml")
@@ -26,8 +27,7 @@ def measure_dummy(ctx) -> dict:
 def dummy(monkeypatch):
     """An experiment added to the registry alone: no other file knows it."""
     exp = registry.Experiment("dummy_probe", "a dummy collective", "torch", "test_registry:measure_dummy",
-                              (registry.DEFAULT,), registry.multi_k, ("image_size",), "communication",
-                              sources=registry.MODULE_SOURCES["torch_comm"] + registry.COMMON)
+                              (registry.DEFAULT,), registry.multi_k, ("image_size",), "communication")
     monkeypatch.setitem(registry.EXPERIMENTS, exp.name, exp)
     return exp
 
@@ -98,8 +98,9 @@ def test_every_experiment_is_complete():
         module, _, func = exp.entry.partition(":")
         tree = ast.parse((ROOT / "src" / (module.replace(".", "/") + ".py")).read_text())
         assert func in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, exp.entry
+        assert module in exp.sources and registry.FAMILY_JOB[exp.family] in exp.sources, exp.name
         for name in exp.sources:
-            assert (ROOT / "src" / "dpscale" / f"{name}.py").exists(), name
+            assert provenance.module_path(name).exists(), name
 
 
 def test_an_unknown_experiment_is_one_clear_line():

@@ -110,7 +110,7 @@ def test_a_job_mode_parse_leaves_the_live_runs_lock_alone(tmp_path):
 
 
 def test_release_stale_only_in_the_main_process(tmp_path):
-    from dpscale.locks import release_stale
+    from dpscale.run.locks import release_stale
     (tmp_path / ".snakemake/locks").mkdir(parents=True)
     lock = tmp_path / ".snakemake/locks/0.input.lock"
     lock.write_text("x")

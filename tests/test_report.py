@@ -15,7 +15,8 @@ import pytest
 from report_fixtures import (BOOK, CPU_FP, HUNG_REASON, ROOT, SKIP_K4, SKIP_MEMCPY, write_cpu_smoke,
                              write_gpu_paper)
 
-from dpscale import costmodel, report
+from dpscale.analysis import costmodel
+from dpscale import report
 from dpscale.report.chapters import csv_tables, figure_specs
 from dpscale.results import write_json_atomic
 

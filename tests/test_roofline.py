@@ -1,11 +1,11 @@
-"""dpscale.roofline against the roofline measured and computed on one H200
+"""dpscale.analysis.roofline against the roofline measured and computed on one H200
 (../shared/reference/h200-roofline.md), and against torch.utils.flop_counter."""
 from __future__ import annotations
 
 import pytest
 
-from dpscale import roofline
-from dpscale.models import NUM_PARAMS, torch_flops_per_sample
+from dpscale.analysis import roofline
+from dpscale.model.models import NUM_PARAMS, torch_flops_per_sample
 
 # The inputs the reference file states it used ("Rates used for the bounds"): the
 # measured 8192^3 bf16 matmul and the measured device-to-device copy, read + write.
@@ -63,7 +63,7 @@ def test_flops_match_torch_flop_counter():
 
 
 def test_layers_are_the_models_modules_and_the_parameters_add_up():
-    from dpscale.models import torch_resnet18
+    from dpscale.model.models import torch_resnet18
     modules = {name for name, _ in torch_resnet18().named_modules()}
     layers = {r["layer"] for r in roofline.per_layer(roofline.step_passes(BATCH, SIDE))}
     assert layers - modules == {"optimizer"}

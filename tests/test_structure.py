@@ -10,6 +10,8 @@ from pathlib import Path
 
 from conftest import ROOT
 
+from dpscale import provenance
+
 PACKAGE = ROOT / "src" / "dpscale"
 REPORT = PACKAGE / "report"
 HTML_TAG = re.compile(r"</?(a|b|i|p|br|hr|div|span|table|thead|tbody|tr|td|th|caption|img|figure|figcaption|"
@@ -17,49 +19,67 @@ HTML_TAG = re.compile(r"</?(a|b|i|p|br|hr|div|span|table|thead|tbody|tr|td|th|ca
                       r"meta|title|dl|dt|dd)\b[^<>]*>", re.I)
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT / "src").with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def graph() -> dict[str, frozenset[str]]:
+    """Every dpscale module and the dpscale modules it imports (dpscale.provenance's
+    walk: the same one that decides what a change reruns)."""
+    return {name: provenance.imports_of(name) for name in provenance.package_modules()}
 
 
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+# The package's floors, lowest first: a module imports only from its own floor or
+# those below. Root modules are the ground floor, but for the command line on top.
+LAYERS = ("ground", "model", "analysis", "plan", "run", "measure", "report", "lab", "cli")
 
 
-def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """Every dpscale module `name` imports, at the top or inside a function."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name in known}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            for a in node.names:   # `from . import x` imports the module x when there is one
-                out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
-    return {m for m in out if m in known and m != name}
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if module == "dpscale.cli":
+        return "cli"
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else "ground"
 
 
 def test_the_package_has_no_import_circle():
-    mods = modules()
-    graph = {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+    g = graph()
     state: dict[str, int] = {}
 
     def visit(node, stack):
         state[node] = 1
-        for nxt in sorted(graph[node]):
+        for nxt in sorted(g[node]):
             if state.get(nxt) == 1:
                 raise AssertionError("import circle: " + " -> ".join(stack[stack.index(nxt):] + [nxt]))
             if nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = 2
-    for name in sorted(graph):
+    for name in sorted(g):
         if name not in state:
             visit(name, [name])
-    assert graph["dpscale.report"] and graph["dpscale.report.figures"], "the graph was read"
+    assert g["dpscale.report"] and g["dpscale.report.figures"], "the graph was read"
+
+
+def upward(g: dict) -> list[str]:
+    return [f"{m} ({layer(m)}) imports {n} ({layer(n)})" for m, ns in g.items() for n in sorted(ns)
+            if LAYERS.index(layer(n)) > LAYERS.index(layer(m))]
+
+
+def test_imports_only_run_down_the_layers():
+    """registry, results, provenance and data on the ground; then the models, the
+    analysis, planning, running a job, the measurements, the report, the lab (code no
+    pipeline variant runs) and the command line. Nothing imports from a floor above."""
+    up = upward(graph())
+    assert not up, up
+    assert {layer(m) for m in graph()} == set(LAYERS), "every floor is in use, and no module outside them"
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    """The check above, on a package where the analysis imports a measurement: it must see it."""
+    pkg = tmp_path / "dpscale"
+    for f, body in {"__init__.py": "", "analysis/__init__.py": "", "measure/__init__.py": "",
+                    "analysis/stats.py": "def f():\n    from dpscale.measure import job\n",
+                    "measure/job.py": "from ..analysis import stats\n"}.items():
+        (pkg / f).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / f).write_text(body)
+    g = {m: provenance.imports_of(m, pkg) for m in provenance.package_modules(pkg)}
+    assert g["dpscale.measure.job"] == {"dpscale.analysis.stats"}   # relative, at the top: down, fine
+    assert upward(g) == ["dpscale.analysis.stats (analysis) imports dpscale.measure.job (measure)"]
 
 
 def test_no_report_function_needs_scrolling():
@@ -101,16 +121,8 @@ def test_what_the_workflow_imports_when_parsed_is_light():
 
 
 def test_the_report_digest_covers_what_the_report_imports():
-    """provenance.REPORT_MODULES, the modules whose change rebuilds the report, are
-    exactly the dpscale modules the report package reaches by its imports."""
-    from dpscale.provenance import REPORT_MODULES
-    mods = modules()
-    graph = {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
-    seen, todo = set(), [m for m in mods if m.startswith("dpscale.report")]
-    while todo:
-        m = todo.pop()
-        if m not in seen:
-            seen.add(m)
-            todo += graph[m]
-    outside = {m.removeprefix("dpscale.") for m in seen if not m.startswith("dpscale.report") and m != "dpscale"}
-    assert outside == set(REPORT_MODULES)
+    """The modules whose change rebuilds the report are the ones the report package
+    reaches by its imports: the registry and the statistics, no measurement code."""
+    outside = set(provenance.report_modules())
+    assert {"dpscale.registry", "dpscale.analysis.stats", "dpscale.results"} <= outside, outside
+    assert not any(m.startswith(("dpscale.measure", "dpscale.lab", "dpscale.run")) for m in outside), outside

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 from conftest import TINY, free_port, make_spec, run_job
 
-from dpscale import stats
+from dpscale.analysis import stats
 from dpscale.results import validate_result
-from dpscale.torch_ddp import throughput_metrics
+from dpscale.measure.torch_ddp import throughput_metrics
 
 pytestmark = pytest.mark.multiproc
 
@@ -94,7 +94,7 @@ def test_tuned_ddp_compiles_the_model_as_one_graph(monkeypatch):
     import torch.distributed as dist
     from torch._dynamo.utils import counters
 
-    from dpscale import torch_ddp as tr
+    from dpscale.measure import torch_ddp as tr
     compile_ = torch.compile
     monkeypatch.setattr(torch, "compile", lambda model, mode=None: compile_(model, backend="aot_eager"))
     for key, val in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():

@@ -1,4 +1,4 @@
-"""dpscale.triton_bn against torch's batch_norm: the Triton statistics kernel, on a GPU
+"""dpscale.lab.triton_bn against torch's batch_norm: the Triton statistics kernel, on a GPU
 compiled, on a CPU run by Triton's interpreter."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 pytest.importorskip("triton")
 
-from dpscale import triton_bn  # noqa: E402
+from dpscale.lab import triton_bn  # noqa: E402
 
 # The interpreter must be switched on before triton is first imported: without a GPU,
 # test_in_the_interpreter reruns this file in a process started with TRITON_INTERPRET=1,
@@ -102,7 +102,7 @@ def test_batchnorm_trains_like_torch(dtype, tol):
 
 @runs_kernels
 def test_batchnorm_compiles_and_replaces_every_batchnorm_of_the_model():
-    from dpscale.models import torch_resnet18
+    from dpscale.model.models import torch_resnet18
     torch.manual_seed(0)
     model = torch_resnet18().double()
     ref = copy.deepcopy(model)

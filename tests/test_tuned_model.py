@@ -1,4 +1,4 @@
-"""The cheap wins of dpscale.tuned_model compute what the seed's model computes: the
+"""The cheap wins of dpscale.model.tuned_model compute what the seed's model computes: the
 same outputs and gradients, in train mode (batch statistics) and in eval mode after
 training (running statistics), eager, compiled and channels_last; and the bias drop
 removes exactly the biases BatchNorm cancels. Mutations show the checks can fail."""
@@ -9,8 +9,8 @@ import copy
 import pytest
 import torch
 
-from dpscale import tuned_model as tm
-from dpscale.models import STAGES, count_torch, torch_resnet18
+from dpscale.model import tuned_model as tm
+from dpscale.model.models import STAGES, count_torch, torch_resnet18
 
 VARIANTS = {"stem_im2col": {"stem": "im2col"}, "stem_direct": {"stem": "direct"},
             "projection": {"projection": "slice_matmul"}, "bias_drop": {"cancelled_bias": "drop"},
@@ -137,7 +137,7 @@ def test_transform_compiles_and_keeps_channels_last(name):
 def test_unknown_choice_is_one_clear_error():
     with pytest.raises(ValueError, match=r"stem='winograd'.*'im2col'"):
         tm.choices({"stem": "winograd"})
-    assert tm.choices({}) == {"stem": "conv", "projection": "conv", "cancelled_bias": "keep", "batchnorm": "torch"}
+    assert tm.choices({}) == {"stem": "conv", "projection": "conv", "cancelled_bias": "keep"}
 
 
 def test_build_ddp_applies_the_options(monkeypatch):
@@ -145,7 +145,8 @@ def test_build_ddp_applies_the_options(monkeypatch):
     import torch.distributed as dist
     from conftest import free_port
 
-    from dpscale import registry, torch_ddp as tr
+    from dpscale import registry
+    from dpscale.measure import torch_ddp as tr
     for key, val in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         monkeypatch.setenv(key, val)
     assert tm.choices(registry.TORCH_TUNED.options) == {**tm.DEFAULTS, **VARIANTS["all"]}   # on: each measured faster

@@ -11,7 +11,9 @@ import time
 import pytest
 from conftest import CPU_FP
 
-from dpscale import config as dsconfig, costmodel, fingerprint, results, specs, timing
+from dpscale.plan import config as dsconfig, fingerprint, specs
+from dpscale.analysis import costmodel, timing
+from dpscale import results
 
 
 # ---------------------------------------------------------------- cost model
@@ -216,7 +218,7 @@ def test_probe_is_cheap_and_complete():
 
 
 def test_probe_does_not_import_torch_or_jax():
-    code = ("import sys; sys.path.insert(0, 'src'); from dpscale import fingerprint; fingerprint.probe(); "
+    code = ("import sys; sys.path.insert(0, 'src'); from dpscale.plan import fingerprint; fingerprint.probe(); "
             "print('torch' in sys.modules, 'jax' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.dirname(__file__))).stdout
@@ -249,7 +251,7 @@ def test_summary_quantiles():
 
 def test_watchdog_kills_the_whole_group(tmp_path):
     """A child that ignores SIGTERM and a grandchild: both gone after the limit."""
-    from dpscale.watchdog import main
+    from dpscale.run.watchdog import main
     script = ("import os, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)")
     spec = {"experiment": "allreduce", "variant": "default", "k": 2, "backend": "gloo",
@@ -263,7 +265,7 @@ def test_watchdog_kills_the_whole_group(tmp_path):
 
 
 def test_mfu_is_counted_flops_times_rate_over_measured_peak():
-    from dpscale.costmodel import mfu_fields
+    from dpscale.analysis.costmodel import mfu_fields
     m = mfu_fields(13_000_000_000, 20_000.0, 780e12)
     assert m["mfu"] == pytest.approx(13e9 * 2e4 / 780e12) == pytest.approx(1 / 3)
     assert m["achieved_TFLOPs_per_device"] == pytest.approx(260.0) and m["bf16_matmul_peak_TFLOPs"] == 780.0

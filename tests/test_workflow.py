@@ -77,7 +77,7 @@ def test_smoke_run_elsewhere_reruns_and_additions(repo, tmp_path):
     assert "Nothing to be done" in elsewhere(repo, work, "-n", "--cores", "2", "report", *cfg).stdout
 
     # a change to what an experiment's code does marks its results stale; a comment or a docstring does not
-    source = repo / "src/dpscale/torch_ddp.py"
+    source = repo / "src/dpscale/measure/torch_ddp.py"
     original = source.read_text()
     try:
         source.write_text(original.replace('"""PyTorch DDP throughput', '"""(reworded) PyTorch DDP throughput') + "\n# a comment\n")

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import registry
+from dpscale import registry
 
 NAME_OK = "letters, digits, '-', '_' and '.'"
 
@@ -50,7 +50,7 @@ def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
         _copy(workdir / "logs", tmp / "logs")
         for log in sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log")):
             _copy(log, tmp / "logs" / "snakemake" / log.name)
-        from .report import build   # matplotlib: only now
+        from dpscale.report import build   # matplotlib: only now
         plan_info = json.loads((tmp / "plan.json").read_text())
         build(tmp / "runs", tmp / "fingerprint.json", tmp / "report", name=name, references=[to],
               targets=[str(tmp / "runs" / t) for t in plan_info["targets"]], plan_info=plan_info,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .results import utc_now, write_atomic, write_json_atomic
+from dpscale.results import utc_now, write_atomic, write_json_atomic
 
 log = logging.getLogger("dpscale.data")
 

@@ -52,16 +52,75 @@ def _normalised(path: Path) -> str:
     return ast.unparse(tree)
 
 
-def source_digest(modules: tuple[str, ...]) -> str:
+def module_path(name: str, package: Path = PACKAGE) -> Path:
+    """The file of a dotted dpscale module ("dpscale.measure.torch_ddp", or a package)."""
+    rel = Path(*name.split(".")[1:])
+    pkg = package / rel / "__init__.py"
+    return pkg if pkg.exists() else (package / rel).with_suffix(".py")
+
+
+@functools.cache
+def package_modules(package: Path = PACKAGE) -> frozenset[str]:
+    """Every module of the package, dotted ("dpscale.run.watchdog")."""
+    out = set()
+    for p in package.rglob("*.py"):
+        parts = (package.name,) + p.relative_to(package).with_suffix("").parts
+        out.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return frozenset(out)
+
+
+@functools.cache
+def imports_of(name: str, package: Path = PACKAGE) -> frozenset[str]:
+    """The dpscale modules `name` imports, at the top or inside a function, absolute
+    or relative (`from . import x` imports the module x when there is one)."""
+    known = package_modules(package)
+    path = module_path(name, package)
+    anchor = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = anchor.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+    return frozenset(m for m in out if m in known and m != name)
+
+
+# Declarations, not code a number depends on: what a job takes from the registry
+# (protocol, variant options, env) reaches it through its spec, itself a params value.
+# Walking into it would rerun every measurement when an experiment is added.
+NOT_CODE = frozenset({"dpscale.registry"})
+
+
+def closure(roots, package: Path = PACKAGE, skip: frozenset[str] = NOT_CODE) -> tuple[str, ...]:
+    """The dpscale modules `roots` reach through their imports (themselves included),
+    sorted, leaving out `skip`: what a job or the report runs. The staleness lists
+    derive from this, so no list is kept by hand (a hand-kept one went wrong both ways)."""
+    seen, todo = set(), [r for r in roots if r in package_modules(package) and r not in skip]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += [n for n in imports_of(m, package) if n not in skip and n not in seen]
+    return tuple(sorted(seen))
+
+
+def source_digest(modules: tuple[str, ...], package: Path = PACKAGE) -> str:
     """sha256 (16 hex digits) of the named dpscale modules' code, docstrings and comments aside."""
     h = hashlib.sha256()
     for name in sorted(modules):
-        h.update(name.encode() + b"\0" + _normalised(PACKAGE / f"{name}.py").encode() + b"\0")
+        h.update(name.encode() + b"\0" + _normalised(module_path(name, package)).encode() + b"\0")
     return h.hexdigest()[:16]
 
 
-# The dpscale modules the report package imports (tests/test_structure.py checks the list).
-REPORT_MODULES = ("costmodel", "models", "provenance", "registry", "results", "roofline", "stats")
+def report_modules(package: Path = PACKAGE) -> tuple[str, ...]:
+    """The dpscale modules outside the report package that the report reaches."""
+    inside = [m for m in package_modules(package) if m.startswith(f"{package.name}.report")]
+    reached = closure(inside, package, skip=frozenset())   # the registry's texts are drawn
+    return tuple(m for m in reached if not m.startswith(f"{package.name}.report"))
 
 
 def report_digest() -> str:
@@ -69,7 +128,7 @@ def report_digest() -> str:
     source_digest reads it), its templates and prose, and the modules it imports. The
     report rule's params value: a fixed figure or reworded prose rebuilds the report,
     and reruns no measurement."""
-    h = hashlib.sha256(source_digest(REPORT_MODULES).encode())
+    h = hashlib.sha256(source_digest(report_modules()).encode())
     folder = PACKAGE / "report"
     for p in sorted(f for f in folder.rglob("*") if f.is_file() and "__pycache__" not in f.parts):
         body = _normalised(p) if p.suffix == ".py" else p.read_text()

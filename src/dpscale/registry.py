@@ -14,6 +14,7 @@ Parse-time light: no torch, no jax (the Snakefile imports it on every call).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -45,7 +46,7 @@ CACHED = Variant("cached", "resize cache resident on the device")
 # strides, and gradient_as_bucket_view measured +0.9% on an H200, inside the
 # run-to-run spread. cuda_graph: the compiled step is host-bound on a 16-core H200
 # box (16-25 ms to issue ~14 ms of GPU work), so the whole step is replayed as one graph.
-# stem, projection, cancelled_bias: the cheap wins of dpscale.tuned_model, on because
+# stem, projection, cancelled_bias: the cheap wins of dpscale.model.tuned_model, on because
 # each helps alone (tools/gpu/probe_roofline.py on one H200, batch 256, medians of 5
 # repeats of 40 graphed steps, 2026-12-01: base 21,583 samples/s; the stem as im2col +
 # GEMM 21,910, the 1x1 stride-2 shortcuts as slice + GEMM 21,831, the conv biases that
@@ -56,8 +57,7 @@ TORCH_TUNED = Variant(
     options=MappingProxyType({"precision": "bf16", "channels_last": True, "compile": True,
                               "cuda_graph": True, "data": "device-resident cache",
                               "optimizer": "fused SGD", "ddp": (),
-                              "stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop",
-                              "batchnorm": "torch"}))
+                              "stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop"}))
 HOST = Variant("host", "host-staged float32 batches, device_put per step (the book's loop)")
 DEVICE = Variant("device", "the uint8 set resident on the devices, sliced per step")
 JAX_TUNED = Variant(
@@ -121,7 +121,6 @@ class Experiment:
     needs: tuple[Needs, ...] = ()
     limit_key: str | None = None      # protocol key replacing the watchdog's hang limit
     min_devices: int = 1              # JAX host devices a CPU stand-in must expose
-    sources: tuple[str, ...] = field(default=())   # modules its code lives in (staleness)
 
     def variant_names(self, tuned: bool = True) -> list[str]:
         return [v.name for v in self.variants if tuned or not v.tuned]
@@ -135,24 +134,34 @@ class Experiment:
     def protocol_for(self, variant: str) -> tuple[str, ...]:
         return self.protocol + self.variant(variant).extra_protocol
 
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The dpscale modules its job runs: what its family's worker and its entry
+        import, found by walking the imports (dpscale.provenance). A change to what
+        one of them does reruns exactly the experiments that run it."""
+        return _sources(FAMILY_JOB[self.family], self.entry.partition(":")[0])
 
-# The modules each measurement's code lives in: a change to what one of them does
-# reruns exactly the experiments that run it (dpscale.provenance).
-COMMON = ("timing", "stats", "results", "models", "costmodel", "roofline", "data")
-DDP = ("torch_job", "torch_ddp", "tuned_model", "triton_bn")
-MODULE_SOURCES = {"torch_ddp": DDP, "torch_comm": ("torch_job", "torch_comm"),
-                  "torch_fsdp": DDP + ("torch_fsdp",), "jax_weak": ("jax_job", "jax_weak"),
-                  "jax_checks": ("jax_job", "jax_checks")}
+
+# The module of each family's worker process: it sets up the ranks or devices and
+# calls the experiment's entry (scripts/torch_worker.py, scripts/jax_worker.py).
+FAMILY_JOB = {"torch": "dpscale.measure.torch_job", "jax": "dpscale.measure.jax_job"}
+
+
+@functools.cache
+def _sources(*roots: str) -> tuple[str, ...]:
+    from dpscale import provenance   # ground floor too; imported late, parse time stays light
+    return provenance.closure(roots)
+
+
 THROUGHPUT = ("image_size", "train_images", "epochs", "repeats")
 
 
 def _family(family: str):
-    """The Experiment maker of one worker family; entry: "module:function" within dpscale
-    (torch_ddp, torch_comm, torch_fsdp; jax_weak, jax_checks)."""
+    """The Experiment maker of one worker family; entry: "module:function" within
+    dpscale.measure (torch_ddp, torch_comm, torch_fsdp; jax_weak, jax_checks)."""
     def make(name, title, entry, variants, ks, protocol, chapter, **kw) -> Experiment:
-        module, _, func = entry.partition(":")
-        return Experiment(name, title, family, f"dpscale.{module}:{func}", variants, ks, protocol,
-                          chapter, sources=MODULE_SOURCES[module] + COMMON, **kw)
+        return Experiment(name, title, family, f"dpscale.measure.{entry}", variants, ks, protocol,
+                          chapter, **kw)
     return make
 
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import provenance, registry
+from dpscale import provenance, registry
 
 STATUSES = ("ok", "hung", "failed", "skipped")
 

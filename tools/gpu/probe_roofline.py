@@ -1,10 +1,10 @@
 """The tuned step against its roofline on one GPU, in one call (not part of the pipeline).
 
-  1. rates: the bf16 matmul peak and the device copy bandwidth (dpscale.torch_ddp's helpers)
-  2. the step's roofline at batch 256 under each fusion assumption (dpscale.roofline)
+  1. rates: the bf16 matmul peak and the device copy bandwidth (dpscale.measure.torch_ddp's helpers)
+  2. the step's roofline at batch 256 under each fusion assumption (dpscale.analysis.roofline)
   3. a per-layer table: torch.profiler over eager bf16 channels_last steps, each layer's
      forward and backward time beside its bound, the fraction reached and what binds
-     (dpscale.layer_profile); the seed model, then the model with all the cheap wins
+     (dpscale.lab.layer_profile); the seed model, then the model with all the cheap wins
   4. the tuned DDP step as the pipeline builds it (build_ddp: channels_last, compiled
      inside DDP; GraphedStep; fused SGD; bf16) as it is, with all the cheap wins, and
      with each alone: median, min and max samples/s over REPS repeats of STEPS steps
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dpscale import layer_profile, tuned_probe as tp  # noqa: E402
+from dpscale.lab import layer_profile, tuned_probe as tp  # noqa: E402
 
 T0 = time.time()
 

@@ -1,5 +1,5 @@
 """Variants of the tuned DDP step at k=1, run through the pipeline's own code
-(dpscale.torch_ddp.train_epochs with GraphedStep, build_ddp), on fixed random
+(dpscale.measure.torch_ddp.train_epochs with GraphedStep, build_ddp), on fixed random
 batches already on the GPU. Not part of the pipeline: the measurements behind
 the choice of TUNED_OPTIONS (README, "Measured on one NVIDIA H200").
 
@@ -14,8 +14,8 @@ Usage: python tools/gpu/probe_tuned_ddp.py [budget_s] VARIANT [VARIANT ...]
 import contextlib, json, os, sys, time
 sys.path.insert(0, "src")
 import torch, torch.distributed as dist
-from dpscale import torch_ddp as tr
-from dpscale.models import torch_resnet18
+from dpscale.measure import torch_ddp as tr
+from dpscale.model.models import torch_resnet18
 from dpscale.registry import TORCH_TUNED
 
 TUNED_OPTIONS = dict(TORCH_TUNED.options)

@@ -1,5 +1,5 @@
 """The tuned JAX step (bf16 compute, device-resident data, jax.jit over the flat
-state: dpscale.jax_weak.pure_resident_step) at several batch sizes, XLA's cost
+state: dpscale.measure.jax_weak.pure_resident_step) at several batch sizes, XLA's cost
 analysis of it, and a GPU kernel-time breakdown from a jax.profiler trace.
 Not part of the pipeline (see profile_torch_step.py).
 Usage: [JEX_NOBN=1] JEX_BATCHES=256,512,1024 python tools/gpu/profile_jax_step.py [budget_s] [tag]"""
@@ -8,7 +8,7 @@ sys.path.insert(0, "src")
 import numpy as np, jax, jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
-from dpscale import jax_job as jr, jax_weak as jw
+from dpscale.measure import jax_job as jr, jax_weak as jw
 T0 = time.time(); BUDGET = float(sys.argv[1]) if len(sys.argv) > 1 else 200
 TAG = sys.argv[2] if len(sys.argv) > 2 else "default"
 gpu = jax.devices()[0].platform == "gpu"

@@ -11,7 +11,7 @@ times both). Usage: python tools/gpu/profile_torch_step.py [budget_s]"""
 import os, sys, time, json, torch, torch.distributed as dist
 sys.path.insert(0, "src")
 from torch.nn.parallel import DistributedDataParallel as DDP
-from dpscale.models import torch_resnet18
+from dpscale.model.models import torch_resnet18
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29611", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 cuda = torch.cuda.is_available()
 dev = torch.device("cuda", 0) if cuda else torch.device("cpu")

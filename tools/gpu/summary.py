@@ -1,11 +1,11 @@
 """One line per result JSON under results/runs: status, reason, the headline metrics,
-and the spread over repeats where a result has one (dpscale.stats)."""
+and the spread over repeats where a result has one (dpscale.analysis.stats)."""
 import glob
 import json
 import sys
 
 sys.path.insert(0, "src")
-from dpscale import stats  # noqa: E402
+from dpscale.analysis import stats  # noqa: E402
 
 KEYS = ("samples_per_s", "samples_per_s_per_device", "mfu", "roofline_fraction", "step_ms_median", "synced_ms",
         "no_sync_ms", "comm_ms", "comm_ms_ci95", "pred_flat_ms", "busbw_GBps_64MiB", "avg_busbw_GBps", "correct",

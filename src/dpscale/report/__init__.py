@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import provenance
-from ..results import write_json_atomic
-from . import book as bookmod, render
-from .chapters import CHAPTERS, csv_tables, figure_specs
-from .chapters.common import prose
-from .chapters.provenance import header
-from .document import utc_now
-from .machines import ReportData, kept_profile, load_found, load_planned, reference_folders, with_references
+from dpscale import provenance
+from dpscale.results import write_json_atomic
+from dpscale.report import book as bookmod, render
+from dpscale.report.chapters import CHAPTERS, csv_tables, figure_specs
+from dpscale.report.chapters.common import prose
+from dpscale.report.chapters.provenance import header
+from dpscale.report.document import utc_now
+from dpscale.report.machines import ReportData, kept_profile, load_found, load_planned, reference_folders, with_references
 
 
 def load(runs_dir, fingerprint_path, targets=None, references=(), book_path=None, name="this run",
@@ -52,7 +52,7 @@ def build(runs_dir, fingerprint_path, out_dir, *, targets=None, references=(), b
     out = Path(out_dir)
     data.book_rows = [r for chapter in CHAPTERS if chapter.book_rows for r in chapter.book_rows(data)]
     pages = [chapter.page(data) for chapter in CHAPTERS]
-    from .figures import draw_all   # matplotlib: only here, never when the workflow is parsed
+    from dpscale.report.figures import draw_all   # matplotlib: only here, never when the workflow is parsed
     images = draw_all(data, out / "figures")
     for f in (f for p in pages for f in p.figures):
         f.image = images[f.name]

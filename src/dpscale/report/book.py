@@ -7,9 +7,10 @@ from pathlib import Path
 
 import yaml
 
-from .. import costmodel, registry
-from ..results import make_result
-from .machines import Machine
+from dpscale.analysis import costmodel
+from dpscale import registry
+from dpscale.results import make_result
+from dpscale.report.machines import Machine
 
 SOURCE = "reference/book_4090.yaml"
 

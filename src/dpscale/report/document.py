@@ -7,7 +7,7 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .numbers import fmt_num
+from dpscale.report.numbers import fmt_num
 
 STATUS_CSS = {"ok": "ok", "skipped": "skipped", "hung": "hung", "failed": "failed", "not run": "notrun"}
 

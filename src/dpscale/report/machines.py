@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import registry, results as contract
+from dpscale import registry, results as contract
 
 NOT_RUN = "not run"
 STATUSES = contract.STATUSES + (NOT_RUN,)

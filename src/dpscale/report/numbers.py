@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from .. import costmodel, stats
-from .machines import Machine
+from dpscale.analysis import costmodel, stats
+from dpscale.report.machines import Machine
 
 THROUGHPUT = ("ddp_weak", "ddp_strong", "jax_weak")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import jinja2
 from docutils.core import publish_parts
 
-from ..results import write_atomic
-from .document import Figure, Page, Table
+from dpscale.results import write_atomic
+from dpscale.report.document import Figure, Page, Table
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True,

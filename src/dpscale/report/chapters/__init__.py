@@ -1,7 +1,7 @@
 """The report's chapters, in the order a reader meets them: provenance first."""
 from __future__ import annotations
 
-from . import communication, exercise6, input_pipeline, jax, memory, overview, provenance, scaling, tuned
+from dpscale.report.chapters import communication, exercise6, input_pipeline, jax, memory, overview, provenance, scaling, tuned
 
 CHAPTERS = [m.CHAPTER for m in (provenance, overview, scaling, input_pipeline, tuned, communication, memory,
                                 jax, exercise6)]

@@ -3,10 +3,10 @@ one column per machine, each cell in the book's printed form. Each chapter
 contributes its rows (Chapter.book_rows); the helpers they share are here."""
 from __future__ import annotations
 
-from .. import book as bookmod
-from ..document import Cell, Table
-from ..machines import Machine, ReportData
-from ..numbers import book_form_scaling, ok, scaling
+from dpscale.report import book as bookmod
+from dpscale.report.document import Cell, Table
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.numbers import book_form_scaling, ok, scaling
 
 
 def status_text(r: dict | None) -> Cell:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ... import registry
-from ..document import Cell, Figure, FigureSpec, Table, cell, status_cell
-from ..machines import Machine, ReportData
-from ..numbers import fmt_interval, fmt_num
+from dpscale import registry
+from dpscale.report.document import Cell, Figure, FigureSpec, Table, cell, status_cell
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.numbers import fmt_interval, fmt_num
 
 PROSE = Path(__file__).resolve().parents[1] / "prose"
 PERCENT = ("efficiency", "mfu", "predicted_flat", "predicted_ring", "measured", "efficiency_at_from_k", "cv",

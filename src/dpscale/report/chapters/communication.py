@@ -2,12 +2,12 @@
 all-reduce as nccl-tests prints it, the memcpy switch inside training, bucket sizes."""
 from __future__ import annotations
 
-from .. import book as bookmod
-from ..document import Cell, Chapter, FigureSpec, Page
-from ..machines import Machine, ReportData
-from ..numbers import allreduce_at, allreduce_table, avg_busbw, distinguishable, fmt_num, metric, ok, probe_rows
-from .book_table import printed_cell, row, status_text
-from .common import by_machine, figure, jobs_table, label, missing_notes, prose, records_table
+from dpscale.report import book as bookmod
+from dpscale.report.document import Cell, Chapter, FigureSpec, Page
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.numbers import allreduce_at, allreduce_table, avg_busbw, distinguishable, fmt_num, metric, ok, probe_rows
+from dpscale.report.chapters.book_table import printed_cell, row, status_text
+from dpscale.report.chapters.common import by_machine, figure, jobs_table, label, missing_notes, prose, records_table
 
 FIGURES = (FigureSpec("comm_probe", "no_sync() probe: measured communication against the cost model"),
            FigureSpec("allreduce", "Bare all-reduce: bus bandwidth against payload, default and memcpy"),

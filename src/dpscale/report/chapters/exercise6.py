@@ -1,11 +1,11 @@
 """Exercise 6: the weak-scaling efficiency at k=8, predicted from the smaller k."""
 from __future__ import annotations
 
-from ..document import Cell, Chapter, FigureSpec, Page
-from ..machines import Machine, ReportData
-from ..numbers import k8_rows, pct
-from .book_table import row
-from .common import figure, prose, records_table
+from dpscale.report.document import Cell, Chapter, FigureSpec, Page
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.numbers import k8_rows, pct
+from dpscale.report.chapters.book_table import row
+from dpscale.report.chapters.common import figure, prose, records_table
 
 FIGURES = (FigureSpec("k8_prediction", "Exercise 6: weak-scaling efficiency at k=8 from the cost model"),)
 COLUMNS = ["machine", "variant", "from_k", "efficiency_at_from_k", "k", "predicted_flat", "predicted_ring", "measured"]

@@ -1,10 +1,10 @@
 """The input pipeline: the book's DataLoader against the device-resident resize cache."""
 from __future__ import annotations
 
-from ..document import Chapter, FigureSpec, Page
-from ..machines import Machine, ReportData
-from ..numbers import point
-from .common import by_machine, figure, label, missing_notes, prose
+from dpscale.report.document import Chapter, FigureSpec, Page
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.numbers import point
+from dpscale.report.chapters.common import by_machine, figure, label, missing_notes, prose
 
 FIGURES = (FigureSpec("loader", "The book's DataLoader against the device-resident resize cache, same DDP job"),)
 VARIANTS = ("seed", "cached", "tuned")

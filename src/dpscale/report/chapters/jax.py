@@ -2,14 +2,14 @@
 compiled step, the k=1 against k=2 update-equality check."""
 from __future__ import annotations
 
-from .. import book as bookmod
-from ..document import Cell, Chapter, FigureSpec, Page, Table, status_cell
-from ..machines import Machine, ReportData
-from ..numbers import equality_summary, fmt_num, hlo_summary, ok, scaling
-from .book_table import printed_cell, row, scaling_rows, status_text
-from .common import by_machine, figure, jobs_table, label, missing_notes, prose
-from ..numbers import common_k
-from .scaling import primary_variant, side_by_side
+from dpscale.report import book as bookmod
+from dpscale.report.document import Cell, Chapter, FigureSpec, Page, Table, status_cell
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.numbers import equality_summary, fmt_num, hlo_summary, ok, scaling
+from dpscale.report.chapters.book_table import printed_cell, row, scaling_rows, status_text
+from dpscale.report.chapters.common import by_machine, figure, jobs_table, label, missing_notes, prose
+from dpscale.report.numbers import common_k
+from dpscale.report.chapters.scaling import primary_variant, side_by_side
 
 FIGURES = (FigureSpec("ddp_vs_jax", "DDP against JAX data parallelism, weak scaling"),
            FigureSpec("jax_hlo", "The all-reduces XLA inserted into the compiled step"))

@@ -1,11 +1,11 @@
 """Memory: FSDP's training state per rank against DDP's, and ZeRO sizing (exercise 5)."""
 from __future__ import annotations
 
-from ... import costmodel
-from ..document import Chapter, FigureSpec, Page
-from ..machines import Machine, ReportData
-from ..numbers import metric, ok
-from .common import by_machine, figure, jobs_table, label, missing_notes, prose, records_table
+from dpscale.analysis import costmodel
+from dpscale.report.document import Chapter, FigureSpec, Page
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.numbers import metric, ok
+from dpscale.report.chapters.common import by_machine, figure, jobs_table, label, missing_notes, prose, records_table
 
 FIGURES = (FigureSpec("fsdp_memory", "Training state per rank, FSDP against DDP; ZeRO sizing of a 7B model"),)
 STATE = ("params_MiB", "grads_MiB", "optimizer_MiB")

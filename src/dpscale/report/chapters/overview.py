@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime as _dt
 
-from ... import stats
-from ..document import Cell, Chapter, FigureSpec, Page, Table, status_cell
-from ..machines import STATUSES, ReportData
-from ..numbers import allreduce_table, metric, ok, spread
-from .book_table import book_comparison
-from .common import figure, prose
+from dpscale.analysis import stats
+from dpscale.report.document import Cell, Chapter, FigureSpec, Page, Table, status_cell
+from dpscale.report.machines import STATUSES, ReportData
+from dpscale.report.numbers import allreduce_table, metric, ok, spread
+from dpscale.report.chapters.book_table import book_comparison
+from dpscale.report.chapters.common import figure, prose
 
 FIGURES = (FigureSpec("status", "Every planned job by experiment / variant (rows) and k (columns)"),)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from ..document import Cell, Chapter, Page, Table
-from ..machines import Machine, ReportData
-from .common import prose
+from dpscale.report.document import Cell, Chapter, Page, Table
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.chapters.common import prose
 
 FP_KEYS = ("gpu_model", "gpu_count", "gpu_memory_MiB", "interconnect", "driver", "cuda", "torch_cuda",
            "nccl", "torch", "torchvision", "jax", "jaxlib", "flax", "optax", "numpy", "python",

@@ -2,11 +2,11 @@
 with its interval, like with like against the book."""
 from __future__ import annotations
 
-from ..document import Chapter, Cell, FigureSpec, Page, Table
-from ..machines import Machine, ReportData
-from ..numbers import THROUGHPUT, book_form_scaling, common_k, pct, scaling
-from .book_table import scaling_rows
-from .common import figure, jobs_table, label, missing_notes, prose, records_table
+from dpscale.report.document import Chapter, Cell, FigureSpec, Page, Table
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.numbers import THROUGHPUT, book_form_scaling, common_k, pct, scaling
+from dpscale.report.chapters.book_table import scaling_rows
+from dpscale.report.chapters.common import figure, jobs_table, label, missing_notes, prose, records_table
 
 FIGURES = (FigureSpec("scaling_weak", "DDP weak scaling: samples/s against k, with the ideal line"),
            FigureSpec("scaling_strong", "DDP strong scaling: samples/s against k, with the ideal line"),

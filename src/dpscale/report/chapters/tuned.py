@@ -1,11 +1,11 @@
 """The tuned series beside the book's protocol, per device at the smallest k, with MFU."""
 from __future__ import annotations
 
-from ... import roofline
-from ..document import Chapter, FigureSpec, Page, Table
-from ..machines import Machine, ReportData
-from ..numbers import fmt_num, metric, ok, point
-from .common import by_machine, figure, label, missing_notes, prose, records_table
+from dpscale.analysis import roofline
+from dpscale.report.document import Chapter, FigureSpec, Page, Table
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.numbers import fmt_num, metric, ok, point
+from dpscale.report.chapters.common import by_machine, figure, label, missing_notes, prose, records_table
 
 FIGURES = (FigureSpec("tuned", "Per-device throughput and MFU: the book's protocol against the tuned series"),)
 # (experiment, framework, the variants from the book's protocol to the tuned series)

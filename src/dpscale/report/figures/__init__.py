@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from ..chapters import figure_specs
-from ..machines import ReportData
-from . import kit
+from dpscale.report.chapters import figure_specs
+from dpscale.report.machines import ReportData
+from dpscale.report.figures import kit
 
 
 def draw_all(data: ReportData, figdir: Path) -> dict[str, dict]:

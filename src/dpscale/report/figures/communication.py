@@ -5,11 +5,11 @@ from __future__ import annotations
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ... import costmodel
-from ..chapters.communication import bucket_records
-from ..machines import Machine, ReportData
-from ..numbers import allreduce_table, fmt_num, probe_rows
-from . import kit
+from dpscale.analysis import costmodel
+from dpscale.report.chapters.communication import bucket_records
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.numbers import allreduce_table, fmt_num, probe_rows
+from dpscale.report.figures import kit
 
 PROBE_BARS = (("comm_ms", "measured: synced - no_sync, median of pairs", None),
               ("pred_flat_ms", "predicted, flat: 2N/beta, beta measured at k=2", "//"),

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from matplotlib.lines import Line2D
 
-from ..machines import ReportData
-from ..numbers import k8_rows, scaling
-from . import kit
+from dpscale.report.machines import ReportData
+from dpscale.report.numbers import k8_rows, scaling
+from dpscale.report.figures import kit
 
 TARGET = 8
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from matplotlib.patches import Patch
 
-from ... import registry
-from ..chapters.input_pipeline import VARIANTS
-from ..machines import Machine, ReportData
-from ..numbers import fmt_num, point
-from . import kit
+from dpscale import registry
+from dpscale.report.chapters.input_pipeline import VARIANTS
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.numbers import fmt_num, point
+from dpscale.report.figures import kit
 
 COLORS = {"seed": "#9e9e9e", "cached": "#1f77b4", "tuned": "#ff7f0e"}
 

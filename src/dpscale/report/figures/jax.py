@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from matplotlib.lines import Line2D
 
-from ..machines import ReportData
-from ..numbers import hlo_summary, ok
-from . import kit
-from .scaling import draw_series
+from dpscale.report.machines import ReportData
+from dpscale.report.numbers import hlo_summary, ok
+from dpscale.report.figures import kit
+from dpscale.report.figures.scaling import draw_series
 
 
 def ddp_vs_jax(data: ReportData):

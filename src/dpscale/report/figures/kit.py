@@ -23,9 +23,9 @@ from matplotlib.text import Text  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
-from ...results import write_atomic  # noqa: E402
-from ..machines import Machine, ReportData  # noqa: E402
-from ..numbers import fmt_num  # noqa: E402
+from dpscale.results import write_atomic  # noqa: E402
+from dpscale.report.machines import Machine, ReportData  # noqa: E402
+from dpscale.report.numbers import fmt_num  # noqa: E402
 
 WIDTH_IN = 8.5
 CSS_DPI = 96

@@ -4,9 +4,9 @@ from __future__ import annotations
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from ..chapters.memory import fsdp_rows, zero_rows
-from ..machines import ReportData
-from . import kit
+from dpscale.report.chapters.memory import fsdp_rows, zero_rows
+from dpscale.report.machines import ReportData
+from dpscale.report.figures import kit
 
 
 def _state_panel(ax, data: ReportData) -> list:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from matplotlib.patches import Patch, Rectangle
 
-from ... import registry
-from ..machines import STATUSES, Machine, ReportData
-from . import kit
+from dpscale import registry
+from dpscale.report.machines import STATUSES, Machine, ReportData
+from dpscale.report.figures import kit
 
 
 def grid_rows(m: Machine) -> list[tuple[str, str]]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from matplotlib.lines import Line2D
 
-from ... import registry
-from ..machines import ReportData
-from ..numbers import scaling
-from . import kit
+from dpscale import registry
+from dpscale.report.machines import ReportData
+from dpscale.report.numbers import scaling
+from dpscale.report.figures import kit
 
 
 def _marks(ax, data: ReportData, experiment: str) -> None:

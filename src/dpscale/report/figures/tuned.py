@@ -6,11 +6,11 @@ import statistics
 
 from matplotlib.patches import Patch
 
-from ... import registry
-from ..chapters.tuned import GROUPS, per_device, smallest_k
-from ..machines import Machine, ReportData
-from ..numbers import fmt_num, metric, ok
-from . import kit
+from dpscale import registry
+from dpscale.report.chapters.tuned import GROUPS, per_device, smallest_k
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.numbers import fmt_num, metric, ok
+from dpscale.report.figures import kit
 
 SHADES = ("#9e9e9e", "#1f77b4", "#ff7f0e")
 

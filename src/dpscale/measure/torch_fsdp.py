@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from . import costmodel
-from .models import residual_stages, torch_resnet18
-from .timing import summary, sync
-from .torch_ddp import build_ddp, step_ms_ci95
-from .torch_job import Ctx, per_rank_merge, synthetic_batch, timed_steps
+from dpscale.analysis import costmodel
+from dpscale.model.models import residual_stages, torch_resnet18
+from dpscale.analysis.timing import summary, sync
+from dpscale.measure.torch_ddp import build_ddp, step_ms_ci95
+from dpscale.measure.torch_job import Ctx, per_rank_merge, synthetic_batch, timed_steps
 
 
 def _state_bytes(model, opt) -> dict:

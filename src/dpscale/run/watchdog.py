@@ -5,12 +5,12 @@ collective never returns (the memcpy switch is known to wedge DDP), nothing ties
 to the Snakemake run that wants its result, and nothing keeps another measurement
 off its GPUs. So this wrapper:
 
-- takes a file lock per device the job uses (dpscale.devices), waiting up to
+- takes a file lock per device the job uses (dpscale.run.devices), waiting up to
   locks.wait_s for a holder to finish, and records `failed: devices busy` if it
   does not;
-- starts the worker (dpscale.launch.worker_command) in its own process group, tied
+- starts the worker (dpscale.run.launch.worker_command) in its own process group, tied
   to this process by PR_SET_PDEATHSIG, with the lock descriptors passed on;
-- polls: if the job's shell or Snakemake dies (dpscale.lifeline.Ancestry), it kills
+- polls: if the job's shell or Snakemake dies (dpscale.run.lifeline.Ancestry), it kills
   the group at once and exits, recording nothing (the next run redoes the job, which
   Snakemake marked incomplete); at the limit it kills the group and records `hung`;
 - records `failed` (reason = the exception that ended it, exit code, log path, last
@@ -32,8 +32,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import devices, flight, joblogs, launch, lifeline, provenance, registry
-from .results import make_result, record_failure, utc_now, write_json_atomic
+from dpscale.run import devices, flight, joblogs, launch, lifeline
+from dpscale import provenance, registry
+from dpscale.results import make_result, record_failure, utc_now, write_json_atomic
 
 POLL_S = 0.5          # how soon a dead Snakemake or a finished worker is noticed
 ORPHAN_GRACE_S = 3    # SIGTERM -> SIGKILL when no one waits for the job: all gone within 10 s

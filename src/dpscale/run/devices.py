@@ -24,9 +24,10 @@ import socket
 import time
 from pathlib import Path
 
-from .results import utc_now
+from dpscale.plan.config import DEFAULT_LOCK_DIR
+from dpscale.results import utc_now
 
-DEFAULT_DIR = "/tmp/dpscale-locks"
+DEFAULT_DIR = DEFAULT_LOCK_DIR
 CPU_BACKENDS = ("gloo", "xla-cpu")
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .models import STAGES
+from dpscale.model.models import STAGES
 
 FUSIONS = ("none", "compiler", "ideal")
 ACT = 2      # bytes of an activation or activation gradient element (bf16)

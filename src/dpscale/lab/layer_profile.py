@@ -20,7 +20,7 @@ import contextlib
 
 import torch
 
-from . import roofline
+from dpscale.analysis import roofline
 
 PREFIX = "layer::"
 BACKWARD = "autograd::engine::evaluate_function: "

@@ -12,11 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from . import roofline
-from .jax_job import (Ctx, NamedSharding, P, block, build, load_train, make_mesh, measure_copy_bandwidth,
+from dpscale.analysis import roofline
+from dpscale.measure.jax_job import (Ctx, NamedSharding, P, block, build, load_train, make_mesh, measure_copy_bandwidth,
                       measure_matmul_peak, mfu_metrics, peak_mem_MiB, resident_step, shard_batch, step_body,
                       to_images, train_step)
-from .timing import spread_fields, summary
+from dpscale.analysis.timing import spread_fields, summary
 
 
 def pure_resident_step(graphdef, treedef):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 
-from . import fingerprint as fpmod, launch, registry
+from dpscale.plan import cluster as dscluster, fingerprint as fpmod
+from dpscale import registry
 
 RUNS = "results/runs"
 
@@ -36,7 +37,7 @@ def targets(resolved: dict, root: str = RUNS) -> list[str]:
 def skip_reason(experiment: str, variant: str, k: int, fp: dict,
                 cluster: dict | None = None) -> str | None:
     gpus = fp.get("gpu_count") or 0
-    eff = launch.effective(cluster, fp)
+    eff = dscluster.effective(cluster, fp)
     nodes, per_node = eff["nodes"], eff["gpus_per_node"]
     if k > nodes * per_node:
         if nodes > 1:
@@ -65,7 +66,7 @@ def job_spec(resolved: dict, fp: dict, experiment: str, variant: str, k: int, in
         "limit_s": limit, "grace_s": resolved["watchdog"]["grace_s"],
         "inputs": inputs, "skip_reason": skip_reason(experiment, variant, k, fp, resolved.get("cluster")),
     }
-    multi = launch.layout(k, launch.effective(resolved.get("cluster"), fp))
+    multi = dscluster.layout(k, dscluster.effective(resolved.get("cluster"), fp))
     if multi and not spec["skip_reason"]:
         spec["launch"] = multi   # only multi-node specs carry it: one-node specs stay as they were
     if var.options is not None:

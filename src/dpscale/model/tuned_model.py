@@ -19,9 +19,6 @@ Each is a tuned option, switchable alone (registry.TORCH_TUNED; off by default):
       The 1x1 stride-2 shortcut convolutions run at 60-180 TFLOP/s. As x[:, :, ::2, ::2]
       followed by a matmul over the channels they are, in channels_last, a plain GEMM
       [N*H/2*W/2, Cin] @ [Cin, Cout] whose rows are the output's channels_last layout.
-  batchnorm       "torch" | "triton_stats"
-      Every BatchNorm2d's training statistics from one Triton pass (dpscale.triton_bn):
-      the building block for statistics in a convolution's epilogue, not a fusion yet.
   cancelled_bias  "keep" | "drop"
       A convolution followed by BatchNorm: in training, BN subtracts the batch mean, so
       the conv's bias cancels (its gradient is zero) and only costs a pass. Dropped, and
@@ -36,7 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 CHOICES = {"stem": ("conv", "im2col", "direct"), "projection": ("conv", "slice_matmul"),
-           "cancelled_bias": ("keep", "drop"), "batchnorm": ("torch", "triton_stats")}
+           "cancelled_bias": ("keep", "drop")}
 DEFAULTS = {key: values[0] for key, values in CHOICES.items()}
 TAPS_PADDED = 16
 
@@ -63,9 +60,6 @@ def apply(model: nn.Module, opts: dict) -> nn.Module:
         for block in residual_blocks(model):
             if block.conv3 is not None:
                 block.conv3 = SliceMatmulProjection(block.conv3)
-    if c["batchnorm"] == "triton_stats":
-        from . import triton_bn   # triton: on GPU machines, or the interpreter
-        triton_bn.use_triton_stats(model)
     return model
 
 

@@ -13,9 +13,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import data as dsdata, launch, registry
-from .results import utc_now, write_result
-from .timing import StepTimer, sync
+from dpscale import data as dsdata, registry
+from dpscale.run import launch
+from dpscale.results import utc_now, write_result
+from dpscale.analysis.timing import StepTimer, sync
 
 
 # ---------------------------------------------------------------- context

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .results import write_atomic
+from dpscale.results import write_atomic
 
 PACKAGES = ("torch", "torchvision", "jax", "jaxlib", "flax", "optax", "numpy")
 # NCCL ships as a wheel next to torch; its version is the one torch loads.

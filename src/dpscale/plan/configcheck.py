@@ -10,7 +10,7 @@ from __future__ import annotations
 import jsonschema
 import yaml
 
-from .config import ConfigError, schema
+from dpscale.plan.config import ConfigError, schema
 
 TYPE_WORDS = {"array": "a list", "integer": "a whole number", "number": "a number", "string": "text",
               "boolean": "true or false", "object": "a mapping", "null": "null"}

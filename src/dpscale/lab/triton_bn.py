@@ -14,7 +14,7 @@ recoverable from the result (M (var + mean^2)) where a caller wants it.
 What this is and is not: it is the statistics pass of BN as one kernel we own, the
 building block for putting it into a convolution's epilogue. By itself it does not
 remove a pass (inductor already reduces the statistics in one pass), so its tuned
-option (batchnorm=triton_stats, dpscale.tuned_model) stays off until a GPU run shows
+option (batchnorm=triton_stats, dpscale.model.tuned_model) stays off until a GPU run shows
 it helps. BN semantics are torch's: biased
 variance to normalise, unbiased into running_var, fp32 statistics.
 Triton's interpreter runs the kernel on CPU tensors when TRITON_INTERPRET=1 is set

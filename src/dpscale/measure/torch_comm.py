@@ -11,11 +11,11 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fcol
 from torch import nn
 
-from . import costmodel, stats
-from .results import load_result
-from .timing import summary, sync
-from .torch_ddp import bucket_sizes, build_ddp
-from .torch_job import Ctx, per_rank_merge, synthetic_batch
+from dpscale.analysis import costmodel, stats
+from dpscale.results import load_result
+from dpscale.analysis.timing import summary, sync
+from dpscale.measure.torch_ddp import bucket_sizes, build_ddp
+from dpscale.measure.torch_job import Ctx, per_rank_merge, synthetic_batch
 
 
 def install_comm_delay(ctx: Ctx, model) -> list[bool] | None:

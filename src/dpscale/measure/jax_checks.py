@@ -15,8 +15,8 @@ import numpy as np
 import optax
 from flax import nnx
 
-from .jax_job import Ctx, block, build, load_train, make_mesh, shard_batch, train_step
-from .models import count_flax
+from dpscale.measure.jax_job import Ctx, block, build, load_train, make_mesh, shard_batch, train_step
+from dpscale.model.models import count_flax
 
 # Relative tolerance of the equality check. The book saw 1.5e-4 against updates near
 # 1e-2 on GPUs (two differently compiled programs, tf32 convolutions: ~1.5e-2 of

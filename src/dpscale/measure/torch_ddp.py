@@ -13,10 +13,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import costmodel, roofline, stats, tuned_model
-from .models import torch_flops_per_sample, torch_resnet18
-from .timing import StepTimer, spread_fields, summary, sync
-from .torch_job import Ctx, cached_batches, load_cached, per_rank_merge, seed_loader, synthetic_batch, timed_steps
+from dpscale.analysis import costmodel, roofline, stats
+from dpscale.model import tuned_model
+from dpscale.model.models import torch_flops_per_sample, torch_resnet18
+from dpscale.analysis.timing import StepTimer, spread_fields, summary, sync
+from dpscale.measure.torch_job import Ctx, cached_batches, load_cached, per_rank_merge, seed_loader, synthetic_batch, timed_steps
 
 
 # ---------------------------------------------------------------- model

@@ -24,16 +24,15 @@ do not collide.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import socket
 from pathlib import Path
 
-from . import fingerprint as fpmod, registry
+from dpscale import registry
 
 TORCHRUN_SINGLE = re.compile(r"--nproc[-_]per[-_]node(=.*)?$")
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 PG_MARGIN_S = 10
 
 
@@ -61,38 +60,6 @@ def worker_command(spec: dict, result: str, rank_logs: str, python: str = "pytho
         return ["torchrun", "--standalone", f"--nproc-per-node={spec['k']}", "--log-dir", str(rank_logs),
                 "--redirects", "3", "--tee", "3", str(SCRIPTS / "torch_worker.py"), *tail]
     return [python, str(SCRIPTS / "jax_worker.py"), *tail]
-
-
-def effective(cluster: dict | None, fp: dict) -> dict:
-    """The config's `cluster` with its defaults filled in from the fingerprint:
-    gpus_per_node null = the devices of this (compute) node's fingerprint."""
-    cluster = cluster or {}
-    return {"nodes": int(cluster.get("nodes") or 1),
-            "gpus_per_node": int(cluster.get("gpus_per_node") or fpmod.devices_present(fp))}
-
-
-def gpus_per_node(cluster: dict) -> int:
-    return int(cluster["gpus_per_node"])
-
-
-def capacity(cluster: dict) -> int:
-    """Most devices one job may use: nodes x devices per node."""
-    return int(cluster["nodes"]) * gpus_per_node(cluster)
-
-
-def nodes_for(k: int, cluster: dict) -> int:
-    """Nodes a k-device job spans (1 for a k that is skipped: it runs nothing)."""
-    if k > capacity(cluster):
-        return 1
-    return max(1, math.ceil(k / gpus_per_node(cluster)))
-
-
-def layout(k: int, cluster: dict) -> dict | None:
-    """The multi-node layout of a k-device job, or None when it fits one node."""
-    n = nodes_for(k, cluster)
-    if n == 1:
-        return None
-    return {"nodes": n, "gpus_per_node": gpus_per_node(cluster)}
 
 
 def rdzv_port(job_id: str | int) -> int:

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import yaml
 
-from . import launch, registry
-from .devices import DEFAULT_DIR as DEFAULT_LOCK_DIR
+from dpscale.plan import cluster as dscluster
+from dpscale import registry
 
-SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+SCHEMA = Path(__file__).resolve().parents[3] / "schemas" / "config.schema.yaml"
+# Where the per-device locks live unless locks.dir says (dpscale.run.devices takes them).
+DEFAULT_LOCK_DIR = "/tmp/dpscale-locks"
 
 
 class ConfigError(ValueError):
@@ -54,10 +56,10 @@ def resolve(config: dict, fp: dict) -> dict:
     if wd["hang_timeout_s"] == "auto":
         wd["hang_timeout_s"] = 900 if scale == "paper" else 120   # a loaded 2-core box needs the slack
     cluster = dict(config.get("cluster") or {"nodes": 1, "gpus_per_node": None})
-    eff = launch.effective(cluster, fp)
+    eff = dscluster.effective(cluster, fp)
     per_node = eff["gpus_per_node"]
     for k in ks:
-        if per_node < k <= launch.capacity(eff) and k % per_node:
+        if per_node < k <= dscluster.capacity(eff) and k % per_node:
             raise ConfigError(
                 f"cluster.gpus_per_node: k={k} from ks={ks} spans {-(-k // per_node)} nodes of "
                 f"{per_node} devices but is not a multiple of {per_node} ({k} / {per_node} = "
@@ -76,7 +78,7 @@ def resolve(config: dict, fp: dict) -> dict:
 
 
 def resolve_locks(config: dict, scale: str) -> dict:
-    """{"dir": the lock folder, "wait_s": seconds} of the per-device locks (dpscale.devices).
+    """{"dir": the lock folder, "wait_s": seconds} of the per-device locks (dpscale.run.devices).
     Not part of resolve()'s result on purpose: that is a params value of the report, and
     these must not be rerun triggers (the rules pass them as resources)."""
     locks = config.get("locks") or {}

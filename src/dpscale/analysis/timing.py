@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from . import stats
+from dpscale.analysis import stats
 
 
 def summary(values_ms: list[float]) -> dict:

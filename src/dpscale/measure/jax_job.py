@@ -22,9 +22,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from . import costmodel, data as dsdata, registry
-from .models import flax_resnet18
-from .results import utc_now, write_result
+from dpscale.analysis import costmodel
+from dpscale import data as dsdata, registry
+from dpscale.model.models import flax_resnet18
+from dpscale.results import utc_now, write_result
 
 P = jax.sharding.PartitionSpec
 NamedSharding = jax.sharding.NamedSharding

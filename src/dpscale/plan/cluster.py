@@ -1,0 +1,41 @@
+"""How many nodes and devices a k-device job spans: the `cluster` config with its
+defaults from the fingerprint. Planning needs it (which k fit, what to ask SLURM for),
+and so does launching (dpscale.run.launch), so it lives here, below both.
+"""
+from __future__ import annotations
+
+import math
+
+from dpscale.plan import fingerprint as fpmod
+
+
+def effective(cluster: dict | None, fp: dict) -> dict:
+    """The config's `cluster` with its defaults filled in from the fingerprint:
+    gpus_per_node null = the devices of this (compute) node's fingerprint."""
+    cluster = cluster or {}
+    return {"nodes": int(cluster.get("nodes") or 1),
+            "gpus_per_node": int(cluster.get("gpus_per_node") or fpmod.devices_present(fp))}
+
+
+def gpus_per_node(cluster: dict) -> int:
+    return int(cluster["gpus_per_node"])
+
+
+def capacity(cluster: dict) -> int:
+    """Most devices one job may use: nodes x devices per node."""
+    return int(cluster["nodes"]) * gpus_per_node(cluster)
+
+
+def nodes_for(k: int, cluster: dict) -> int:
+    """Nodes a k-device job spans (1 for a k that is skipped: it runs nothing)."""
+    if k > capacity(cluster):
+        return 1
+    return max(1, math.ceil(k / gpus_per_node(cluster)))
+
+
+def layout(k: int, cluster: dict) -> dict | None:
+    """The multi-node layout of a k-device job, or None when it fits one node."""
+    n = nodes_for(k, cluster)
+    if n == 1:
+        return None
+    return {"nodes": n, "gpus_per_node": gpus_per_node(cluster)}
