@@ -37,6 +37,9 @@ INPUT_FILES = {
     "cache": f"{DATA}/fmnist_{SIZE}px.npz",
     "meta": f"{DATA}/fmnist_{SIZE}px.json",
     "flops": FLOPS.format(size=SIZE),
+    # time to accuracy reads its own size (16 px at smoke scale, 64 at paper: the same file)
+    "tta_cache": f"{DATA}/fmnist_{PROTO['tta_image_size']}px.npz",
+    "tta_meta": f"{DATA}/fmnist_{PROTO['tta_image_size']}px.json",
 }
 TARGETS = specs.targets(RESOLVED)
 if workflow.is_main_process:
@@ -67,6 +70,8 @@ def job_inputs(exp):
     }
     if "flops" in exp.inputs:
         inputs["flops"] = INPUT_FILES["flops"]
+    if "tta_cache" in exp.inputs:  # its cache is the one of its own image size
+        inputs["cache"], inputs["cache_meta"] = INPUT_FILES["tta_cache"], INPUT_FILES["tta_meta"]
     for need in exp.needs:
         inputs[need.experiment] = {
             str(need.k): specs.target(need.experiment, need.variant, need.k)

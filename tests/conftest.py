@@ -82,7 +82,7 @@ def run_job(spec: dict, out_dir: Path, fault: str = "", timeout: float = 240,
         inner = [sys.executable, str(ROOT / "scripts/jax_worker.py")]
     else:
         inner = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                 f"--nproc-per-node={spec['k']}", "--log-dir", f"{log}.ranks", "--redirects", "3",
+                 f"--nproc-per-node={specs.processes(spec)}", "--log-dir", f"{log}.ranks", "--redirects", "3",
                  "--tee", "3", str(ROOT / "scripts/torch_worker.py")]
     cmd = [sys.executable, str(ROOT / "scripts/watchdog.py"), "--spec", s, "--result", str(result),
            "--rank-logs", f"{log}.ranks", *locks, "--", *inner, "--spec", s, "--result", str(result)]

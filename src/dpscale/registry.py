@@ -68,6 +68,10 @@ JAX_TUNED = Variant(
 DEFAULT = Variant("default", "NCCL's defaults (gloo without GPUs)")
 MEMCPY = Variant("memcpy", "NCCL_SHM_USE_CUDA_MEMCPY=1 (and NCCL_P2P_DISABLE=1)", nccl_only=True,
                  env=MEMCPY_ENV)
+# The learning-rate rule of the time-to-accuracy runs (dpscale.analysis.tta.lr_at).
+TTA_BOOK = Variant("book", "SGD lr 0.1 at every global batch, no momentum (the book's loop)")
+TTA_LINEAR = Variant("linear", "lr 0.1 x k after a linear warm-up of tta_warmup_epochs (Goyal et al. 2017)",
+                     extra_protocol=("tta_warmup_epochs",))
 MEMCPY_TRAINING = Variant("default", "DDP training with NCCL_SHM_USE_CUDA_MEMCPY=1", nccl_only=True,
                           env=MEMCPY_ENV)
 
@@ -95,7 +99,7 @@ def always_two(ks: list[int]) -> list[int]:
 KS_TEXT = {every_k: "every k", multi_k: "k >= 2", book_pair: "k = 2", always_two: "k = 2 (vs k = 1, one job)"}
 
 # Inputs a measurement can read, by name; rules/common.smk maps each to its file.
-INPUTS = ("raw", "cache", "meta", "flops")
+INPUTS = ("raw", "cache", "meta", "flops", "tta_cache", "tta_meta")
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,8 @@ class Experiment:
     needs: tuple[Needs, ...] = ()
     limit_key: str | None = None      # protocol key replacing the watchdog's hang limit
     min_devices: int = 1              # JAX host devices a CPU stand-in must expose
+    emulates: bool = False            # a k above the devices present runs emulated, not skipped
+    extra_ks_key: str | None = None   # protocol key listing k's it runs beyond `ks` (emulated)
 
     def variant_names(self, tuned: bool = True) -> list[str]:
         return [v.name for v in self.variants if tuned or not v.tuned]
@@ -154,6 +160,8 @@ def _sources(*roots: str) -> tuple[str, ...]:
 
 
 THROUGHPUT = ("image_size", "train_images", "epochs", "repeats")
+TTA = ("tta_image_size", "tta_train_images", "tta_test_images", "tta_per_rank_batch", "tta_target",
+       "tta_eval_every_samples", "tta_max_epochs", "tta_seeds")
 
 
 def _family(family: str):
@@ -199,6 +207,9 @@ _ALL = (
     _jax("jax_equality", "one step at k=1 against one step at k=2, and a broken step it must flag",
          "jax_checks:exp_equality", (DEFAULT,), always_two, ("image_size", "train_images", "per_rank_batch"), "jax",
          inputs=("cache", "meta"), min_devices=2),
+    _torch("ddp_tta", "time to a test accuracy under DDP, per LR rule, MLPerf's rules (k beyond the devices: emulated)",
+           "torch_tta:exp_tta", (TTA_BOOK, TTA_LINEAR), every_k, TTA, "tta", inputs=("tta_cache", "tta_meta"),
+           limit_key="tta_timeout_s", emulates=True, extra_ks_key="tta_ks_emulated"),
 )
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
 
@@ -229,4 +240,5 @@ def protocol_keys() -> set[str]:
     keys = {k for e in EXPERIMENTS.values() for k in e.protocol}
     keys |= {k for e in EXPERIMENTS.values() for v in e.variants for k in v.extra_protocol}
     keys |= {e.limit_key for e in EXPERIMENTS.values() if e.limit_key}
+    keys |= {e.extra_ks_key for e in EXPERIMENTS.values() if e.extra_ks_key}
     return keys

@@ -25,8 +25,11 @@ def planned(resolved: dict) -> list[tuple[str, str, int]]:
     out = []
     for name in resolved["experiments"]:
         exp = registry.get(name)
+        ks = exp.ks(resolved["ks"])
+        if exp.extra_ks_key:   # k's beyond `ks` it runs emulated (dpscale.measure.torch_tta)
+            ks = sorted(set(ks) | set(resolved["protocol"].get(exp.extra_ks_key) or ()))
         for variant in exp.variant_names(resolved["tuned"]):
-            out += [(name, variant, k) for k in exp.ks(resolved["ks"])]
+            out += [(name, variant, k) for k in ks]
     return out
 
 
@@ -39,7 +42,7 @@ def skip_reason(experiment: str, variant: str, k: int, fp: dict,
     gpus = fp.get("gpu_count") or 0
     eff = dscluster.effective(cluster, fp)
     nodes, per_node = eff["nodes"], eff["gpus_per_node"]
-    if k > nodes * per_node:
+    if k > nodes * per_node and not emulated_processes(experiment, k, fp, cluster):
         if nodes > 1:
             return (f"k={k} needs {k} devices; cluster.nodes={nodes} x {per_node} per node "
                     f"give {nodes * per_node}")
@@ -50,6 +53,15 @@ def skip_reason(experiment: str, variant: str, k: int, fp: dict,
         return ("NCCL_SHM_USE_CUDA_MEMCPY is a setting of NCCL's shared-memory transport; "
                 "the gloo backend used without GPUs has no equivalent")
     return None
+
+
+def emulated_processes(experiment: str, k: int, fp: dict, cluster: dict | None = None) -> int | None:
+    """The processes that emulate k ranks of an experiment that emulates a k above the
+    devices present (the most devices of one node that divide k); None when k runs for real."""
+    eff = dscluster.effective(cluster, fp)
+    if not registry.get(experiment).emulates or k <= dscluster.capacity(eff):
+        return None
+    return max(w for w in range(1, eff["gpus_per_node"] + 1) if k % w == 0)
 
 
 def job_spec(resolved: dict, fp: dict, experiment: str, variant: str, k: int, inputs: dict) -> dict:
@@ -66,12 +78,19 @@ def job_spec(resolved: dict, fp: dict, experiment: str, variant: str, k: int, in
         "limit_s": limit, "grace_s": resolved["watchdog"]["grace_s"],
         "inputs": inputs, "skip_reason": skip_reason(experiment, variant, k, fp, resolved.get("cluster")),
     }
+    if procs := emulated_processes(experiment, k, fp, resolved.get("cluster")):
+        spec["processes"] = procs   # only emulated specs carry it: the others stay as they were
     multi = dscluster.layout(k, dscluster.effective(resolved.get("cluster"), fp))
-    if multi and not spec["skip_reason"]:
+    if multi and not spec["skip_reason"] and not procs:
         spec["launch"] = multi   # only multi-node specs carry it: one-node specs stay as they were
     if var.options is not None:
         spec["config"]["tuned"] = json.loads(json.dumps(dict(var.options)))
     return spec
+
+
+def processes(spec: dict) -> int:
+    """The processes (devices) a job starts: k, or fewer where k is emulated."""
+    return int(spec.get("processes") or spec["k"])
 
 
 def dumps(spec: dict) -> str:

@@ -24,6 +24,7 @@ import socket
 import time
 from pathlib import Path
 
+from dpscale.plan import specs
 from dpscale.plan.config import DEFAULT_LOCK_DIR
 from dpscale.results import utc_now
 
@@ -47,7 +48,7 @@ def device_names(spec: dict, env: dict | None = None) -> list[str]:
     """The devices a job uses on this node: k of them, or on a multi-node job this
     node's gpus_per_node."""
     env = os.environ if env is None else env
-    n = int(spec["launch"]["gpus_per_node"]) if spec.get("launch") else int(spec["k"])
+    n = int(spec["launch"]["gpus_per_node"]) if spec.get("launch") else specs.processes(spec)
     if spec["backend"] in CPU_BACKENDS:
         return [f"cpu-{i}" for i in range(n)]
     visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]

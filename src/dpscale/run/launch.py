@@ -30,6 +30,7 @@ import socket
 from pathlib import Path
 
 from dpscale import registry
+from dpscale.plan import specs
 
 TORCHRUN_SINGLE = re.compile(r"--nproc[-_]per[-_]node(=.*)?$")
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
@@ -57,7 +58,7 @@ def worker_command(spec: dict, result: str, rank_logs: str, python: str = "pytho
     family = registry.get(spec["experiment"]).family
     tail = ["--spec", json.dumps(spec, sort_keys=True, separators=(",", ":")), "--result", str(result)]
     if family == "torch":
-        return ["torchrun", "--standalone", f"--nproc-per-node={spec['k']}", "--log-dir", str(rank_logs),
+        return ["torchrun", "--standalone", f"--nproc-per-node={specs.processes(spec)}", "--log-dir", str(rank_logs),
                 "--redirects", "3", "--tee", "3", str(SCRIPTS / "torch_worker.py"), *tail]
     return [python, str(SCRIPTS / "jax_worker.py"), *tail]
 
