@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpscale.analysis import costmodel, stats
+from dpscale.analysis import costmodel, stats, tta
 from dpscale.plan import specs
 from dpscale.results import make_result, write_json_atomic
 
@@ -96,6 +96,20 @@ def buckets():
             "best_bucket_cap_MiB": 25, "best_samples_per_s": 61.0}
 
 
+def tta_metrics(rule: str, k: int, samples: list[int | None], emulated: bool = False, prb: int = 32) -> dict:
+    """A ddp_tta result: one launch per entry of samples (None: did not converge), 2,000 images an epoch."""
+    runs = []
+    for seed, n in enumerate(samples, 1):
+        curve = [{"samples": s, "epochs": s / 2000, "seconds": s / 40.0, "accuracy": 0.4 + 0.2 * s / (n or 8000)}
+                 for s in range(512, (n or 8000) + 1, 512)]
+        runs.append({"seed": seed, "converged": n is not None, "samples_to_target": n,
+                     "seconds_to_target": n / 40.0 if n else None, "epochs_to_target": n / 2000 if n else None,
+                     "eval_s": 0.5, "curve": curve, "best_accuracy": curve[-1]["accuracy"] if curve else None})
+    return {"lr_rule": rule, "target_accuracy": 0.6, "seeds": list(range(1, len(samples) + 1)),
+            "eval_every_samples": 512, "max_epochs": 4, "global_batch": prb * k, "per_rank_batch": prb,
+            "emulated": emulated, "processes": min(k, 2), "eval_s_mean": 0.5, **tta.score_fields(runs), "runs": runs}
+
+
 def write_cpu_smoke(runs: Path, fp=CPU_FP) -> list[str]:
     """This run: a 2-core CPU smoke run with ks=[1, 2, 4]; returns its planned targets."""
     kw, jkw, out = dict(fp=fp, backend="gloo", scale="smoke"), dict(fp=fp, backend="xla-cpu", scale="smoke"), []
@@ -124,6 +138,10 @@ def write_cpu_smoke(runs: Path, fp=CPU_FP) -> list[str]:
     out.append(write(runs, "jax_equality", "default", 2, metrics={
         "max_abs_update": 0.011, "max_abs_diff": 2.1e-7, "rel_diff": 1.9e-5, "threshold": 0.05, "passed": True,
         "broken": {"rel_diff": 0.5, "passed": False}, "broken_flagged": True}, **jkw))
+    for rule, per_k in (("book", {1: [1024, 1536, 2048], 2: [2048, 2560, 3072], 4: [3072, 4096, None]}),
+                        ("linear", {1: [1024, 1536, 2048], 2: [1536, 2048, 3072], 4: [None, None, 4096]})):
+        for k, samples in per_k.items():
+            out.append(write(runs, "ddp_tta", rule, k, metrics=tta_metrics(rule, k, samples, emulated=k > 2), **kw))
     return out
 
 

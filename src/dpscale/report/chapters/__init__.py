@@ -1,9 +1,10 @@
 """The report's chapters, in the order a reader meets them: provenance first."""
 from __future__ import annotations
 
-from dpscale.report.chapters import communication, exercise6, input_pipeline, jax, memory, overview, provenance, scaling, tuned
+from dpscale.report.chapters import (communication, exercise6, input_pipeline, jax, memory, overview, provenance,
+                                     scaling, tta, tuned)
 
-CHAPTERS = [m.CHAPTER for m in (provenance, overview, scaling, input_pipeline, tuned, communication, memory,
+CHAPTERS = [m.CHAPTER for m in (provenance, overview, scaling, tta, input_pipeline, tuned, communication, memory,
                                 jax, exercise6)]
 
 

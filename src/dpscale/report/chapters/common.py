@@ -11,7 +11,9 @@ from dpscale.report.numbers import fmt_interval, fmt_num
 
 PROSE = Path(__file__).resolve().parents[1] / "prose"
 PERCENT = ("efficiency", "mfu", "predicted_flat", "predicted_ring", "measured", "efficiency_at_from_k", "cv",
-           "roofline_fraction", "roofline_fraction_compiler", "fraction_of_bound")
+           "roofline_fraction", "roofline_fraction_compiler", "fraction_of_bound",
+           "statistical_efficiency", "hardware_efficiency", "goodput_efficiency", "book_weak_efficiency",
+           "target_accuracy")
 
 
 def prose(name: str) -> str:

@@ -1,0 +1,107 @@
+"""Time to accuracy: epochs-to-target against the global batch per LR rule, time to
+accuracy against k, and goodput efficiency = hardware (weak-scaling) efficiency x
+statistical efficiency (samples-to-target(1) / samples-to-target(k)), the book's
+weak-scaling efficiency beside. Emulated k's say so in every row and legend."""
+from __future__ import annotations
+
+from dpscale.analysis import tta
+from dpscale.report.document import Chapter, FigureSpec, Page
+from dpscale.report.machines import Machine, ReportData
+from dpscale.report.numbers import metric, ok
+from dpscale.report.chapters.common import figure, jobs_table, missing_notes, prose, records_table
+
+FIGURES = (FigureSpec("tta_epochs", "Epochs to the target accuracy against the global batch, per LR rule"),
+           FigureSpec("tta_goodput", "Time to accuracy against k, and goodput efficiency split into hardware "
+                                     "and statistical efficiency"))
+TTA_COLUMNS = ["machine", "lr_rule", "k", "run", "global_batch", "target_accuracy", "seeds", "epochs_to_target",
+               "epochs_min", "epochs_max", "samples_to_target", "seconds_to_target", "seconds_min", "seconds_max",
+               "eval_every_samples", "not_converged", "no_result_reason"]
+GOODPUT_COLUMNS = ["machine", "lr_rule", "k", "run", "samples_to_target", "samples_per_s", "samples_per_s_source",
+                   "time_to_accuracy_s", "statistical_efficiency", "hardware_efficiency", "goodput_efficiency",
+                   "book_weak_efficiency"]
+# Where samples/s(k) comes from beyond this machine's own ddp_weak results: the
+# scaling forecast (its own issue) plugs in here, as a tta.Provider per machine.
+FORECAST: dict[str, tta.Provider] = {}
+
+
+def run_kind(r: dict) -> str:
+    return "emulated" if metric(r, "emulated") else "real DDP"
+
+
+def tta_rows(m: Machine) -> list[dict]:
+    rows = []
+    for rule in m.variants("ddp_tta"):
+        for k, r in sorted(m.series("ddp_tta", rule).items()):
+            if not ok(r):
+                continue
+            g = lambda key: metric(r, key)   # noqa: E731
+            rows.append({"machine": m.label, "lr_rule": rule, "k": k, "run": run_kind(r),
+                         "global_batch": g("global_batch"), "target_accuracy": g("target_accuracy"),
+                         "seeds": ", ".join(map(str, g("seeds") or [])), "epochs_to_target": g("epochs_to_target"),
+                         "epochs_min": g("epochs_to_target_min"), "epochs_max": g("epochs_to_target_max"),
+                         "samples_to_target": g("samples_to_target"), "seconds_to_target": g("seconds_to_target"),
+                         "seconds_min": g("seconds_to_target_min"), "seconds_max": g("seconds_to_target_max"),
+                         "eval_every_samples": g("eval_every_samples"),
+                         "not_converged": ", ".join(map(str, g("not_converged_seeds") or [])) or "–",
+                         "no_result_reason": g("no_result_reason") or "", "eval_s": g("eval_s_mean"),
+                         "runs": g("runs") or []})
+    return rows
+
+
+def weak_samples_per_s(m: Machine | None) -> dict[int, float]:
+    """samples/s(k) of a machine's weak scaling: the device-resident series (the loop
+    time to accuracy runs), else the first series it has (the book's: seed)."""
+    if m is None:
+        return {}
+    variants = m.variants("ddp_weak")
+    for v in ["cached"] + variants:
+        got = {k: metric(r, "samples_per_s") for k, r in m.series("ddp_weak", v).items() if ok(r)} if v in variants else {}
+        if got:
+            return got
+    return {}
+
+
+def goodput_rows(data: ReportData, m: Machine) -> list[dict]:
+    provider = tta.chained(tta.measured_provider(weak_samples_per_s(m)),
+                           FORECAST.get(m.key, lambda k: (None, "not measured")))
+    book = weak_samples_per_s(data.book)
+    rows = []
+    for rule in m.variants("ddp_tta"):
+        mine = [r for r in tta_rows(m) if r["lr_rule"] == rule]
+        pts = [{"k": r["k"], "samples_to_target": r["samples_to_target"], "eval_s": r["eval_s"],
+                "emulated": r["run"] == "emulated"} for r in mine]
+        for row in tta.goodput(pts, provider):
+            k = row["k"]
+            rows.append({"machine": m.label, "lr_rule": rule, "run": "emulated" if row["emulated"] else "real DDP",
+                         **row, "book_weak_efficiency": book[k] / (k * book[1]) if k in book and 1 in book else None})
+    return rows
+
+
+def headline(data: ReportData) -> str:
+    parts = []
+    for m in data.measured:
+        for r in goodput_rows(data, m):
+            if r["lr_rule"] == "book" and r["k"] > 1 and r["statistical_efficiency"] is not None:
+                hw = f"{r['hardware_efficiency']:.0%}" if r["hardware_efficiency"] else "not measured"
+                parts.append(f"{m.label} k={r['k']} ({r['run']}): statistical efficiency "
+                             f"{r['statistical_efficiency']:.0%}, hardware {hw}")
+    return "; ".join(parts) or "No time-to-accuracy result with a score at k=1 and a larger k."
+
+
+def page(data: ReportData) -> Page:
+    tta_all = [r for m in data.measured for r in tta_rows(m)]
+    good = [r for m in data.measured for r in goodput_rows(data, m)]
+    notes = missing_notes(data, "ddp_tta")
+    return Page("tta", CHAPTER.title, prose("tta"),
+                figures=[figure(FIGURES[0], headline(data), notes), figure(FIGURES[1], headline(data), notes)],
+                tables=[records_table("tta", "Time to accuracy per LR rule and k (MLPerf's score: the mean of the "
+                                      "seeds without the fastest and the slowest; min and max over those kept)",
+                                      tta_all, TTA_COLUMNS),
+                        records_table("goodput", "Goodput: time to accuracy = samples to target / samples/s(k) "
+                                      "+ evaluation time", good, GOODPUT_COLUMNS,
+                                      note="samples/s(k) from this machine's ddp_weak (cached) at the same k; "
+                                           "'not measured' where k did not run there."),
+                        jobs_table(data, "tta")])
+
+
+CHAPTER = Chapter("tta", "Time to accuracy: will k GPUs train sooner?", FIGURES, ("tta", "goodput"), page)
