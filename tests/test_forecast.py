@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from dpscale.analysis import forecast as fc
 from dpscale.analysis import forecast_data as fd
@@ -75,7 +76,9 @@ def synthetic(ks=(1, 2, 4), noise=0.003, seed=0) -> dict:
     return res
 
 
-CFG = fd.config({"bootstrap_draws": 40, "internode_GBps": 25.0, "internode_alpha_us": 5.0})
+SCHEMA = yaml.safe_load((ROOT / "schemas" / "config.schema.yaml").read_text())["properties"]["forecast"]
+CFG = fd.config({**{k: v["default"] for k, v in SCHEMA["properties"].items()}, "bootstrap_draws": 40,
+                 "internode_GBps": 25.0, "internode_alpha_us": 5.0})
 
 
 def test_expected_max_of_k_normals_closed_forms():

@@ -150,12 +150,20 @@ def compute_time(m: StepModel, batch: float) -> float:
 
 def allreduce_time(m: StepModel, k: int, algo=ring_time) -> float:
     """All of DDP's buckets at k: one node up to per_node devices, hierarchical past it."""
-    if k <= 1 or m.fabric is None:
+    if k <= 1 or m.fabric is None or not m.buckets:
         return 0.0
-    if k <= m.per_node or m.internode is None:
-        return sum(algo(s, k, m.fabric) for s in m.buckets)
-    nodes = math.ceil(k / m.per_node)
-    return sum(hierarchical_time(s, nodes, m.per_node, m.fabric, m.internode) for s in m.buckets)
+    inter = (m.internode.alpha_s, m.internode.beta_Bps) if m.internode and k > m.per_node else None
+    return _buckets_time(float(sum(m.buckets)), len(m.buckets), k, m.per_node, m.fabric.alpha_s,
+                         m.fabric.beta_Bps, inter, algo)
+
+
+@lru_cache(maxsize=65536)
+def _buckets_time(total, n, k, per_node, alpha, beta, inter, algo) -> float:
+    """Every formula is affine in S: n buckets cost the total bytes plus n latencies."""
+    intra = Fabric(n * alpha, beta, k)
+    if inter is None:
+        return algo(total, k, intra)
+    return hierarchical_time(total, math.ceil(k / per_node), per_node, intra, Fabric(n * inter[0], inter[1], 0))
 
 
 def exposed_comm_time(m: StepModel, k: int) -> float:

@@ -17,13 +17,18 @@ import numpy as np
 from dpscale.analysis import costmodel
 from dpscale.analysis import forecast as fc
 
-DEFAULTS = {"internode_GBps": 25.0, "internode_alpha_us": 5.0, "gpus_per_node": 8, "max_nodes": 16,
-            "knee_efficiency": 0.8, "band_level": 0.9, "bootstrap_draws": 200, "seed": 0}
+KEYS = ("internode_GBps", "internode_alpha_us", "gpus_per_node", "max_nodes", "knee_efficiency", "band_level",
+        "bootstrap_draws", "seed")   # schemas/config.schema.yaml `forecast`: the defaults live there
 FRAMEWORKS = {"ddp": ("ddp_weak", "ddp_strong"), "jax": ("jax_weak", None)}
 
 
-def config(cfg: dict | None) -> dict:
-    return {**DEFAULTS, **{k: v for k, v in (cfg or {}).items() if v is not None}}
+def config(cfg: dict) -> dict:
+    """The forecast settings, every key present (the schema's defaults filled in by the caller)."""
+    missing = [k for k in KEYS if (cfg or {}).get(k) is None]
+    if missing:
+        raise ValueError(f"forecast config: {', '.join(missing)} missing; take the defaults of "
+                         "schemas/config.schema.yaml `forecast` (dpscale.report.forecast.settings)")
+    return dict(cfg)
 
 
 def ok(r) -> bool:
@@ -308,7 +313,7 @@ def knee_of(rows: list[dict], key: str, cfg: dict) -> int | None:
     return fc.knee([k for k, _ in pts], [e for _, e in pts], cfg["knee_efficiency"]) if pts else None
 
 
-def machine_forecast(results: dict, cfg: dict | None = None, params_hint: float | None = None) -> dict:
+def machine_forecast(results: dict, cfg: dict, params_hint: float | None = None) -> dict:
     cfg = config(cfg)
     out = [s for fw, v in series_list(results) if (s := forecast_series(results, fw, v, cfg, params_hint))]
     return {"config": cfg, "series": out, "validation": validation(results, cfg, params_hint)}

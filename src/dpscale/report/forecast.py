@@ -1,0 +1,92 @@
+"""The forecast of every machine in a report (dpscale.analysis.forecast_data), computed
+once per report: the chapter, its figures, the forecast JSON and `dpscale forecast`
+read the same records.
+
+A machine with no all-reduce measured (one GPU) borrows the fabric, probe and
+all-reduce census of another machine in the report with the same GPU model, and
+says so (`fabric_from`); with none, it has compute only, and no prediction past k=1.
+"""
+from __future__ import annotations
+
+from dpscale.analysis import forecast_data as fd
+from dpscale.plan import config as dsconfig
+from dpscale.report.machines import Machine, ReportData
+from dpscale.results import utc_now, write_json_atomic
+
+COMM = ("allreduce", "ddp_comm_probe", "jax_hlo")
+PRIMARY = ("seed", "host", "cached", "device", "tuned")   # the book's protocol first
+
+
+def settings(resolved: dict | None = None, **over) -> dict:
+    """The schema's `forecast` defaults, the resolved configuration's values over them."""
+    props = dsconfig.schema()["properties"]["forecast"]["properties"]
+    given = {**((resolved or {}).get("forecast") or {}), **{k: v for k, v in over.items() if v is not None}}
+    return fd.config({**{k: v["default"] for k, v in props.items()}, **given})
+
+
+def has_fabric(m: Machine) -> bool:
+    return any(e == "allreduce" and r.get("status") == "ok" for (e, _v, _k), r in m.results.items())
+
+
+def donor(m: Machine, machines: list[Machine]) -> Machine | None:
+    if has_fabric(m) or m.kind == "book":
+        return None
+    gpu = m.fingerprint.get("gpu_model")
+    return next((x for x in machines if x is not m and x.kind != "book" and has_fabric(x) and gpu
+                 and x.fingerprint.get("gpu_model") == gpu), None)
+
+
+def of_machine(m: Machine, machines: list[Machine], cfg: dict) -> dict:
+    d = donor(m, machines)
+    results = dict(m.results)
+    if d:
+        results.update({key: r for key, r in d.results.items() if key[0] in COMM})
+    hint = ((m.book or {}).get("model") or {}).get("params")
+    return {"machine": m.name, "label": m.label if m.kind != "book" else "book", "kind": m.kind,
+            "fabric_from": d.name if d else None, **fd.machine_forecast(results, cfg, hint)}
+
+
+def compute(data: ReportData) -> list[dict]:
+    """Every machine's forecast, once per ReportData."""
+    if getattr(data, "_forecast", None) is None:
+        cfg = settings(data.build.get("resolved"))
+        data._forecast = [of_machine(m, data.machines, cfg) for m in data.machines]
+    return data._forecast
+
+
+def primary(f: dict, framework: str = "ddp") -> dict | None:
+    """The series drawn for a machine: the book's protocol where measured."""
+    ser = {s["variant"]: s for s in f["series"] if s["framework"] == framework}
+    return next((ser[v] for v in PRIMARY if v in ser), next(iter(ser.values()), None))
+
+
+def grid_rows(forecasts: list[dict]) -> list[dict]:
+    out = []
+    for f in forecasts:
+        for s in f["series"]:
+            for r in s["rows"]:
+                out.append({"machine": f["machine"], "framework": s["framework"], "variant": s["variant"],
+                            "fabric_from": f["fabric_from"] or "", **r})
+    return out
+
+
+def validation_rows(forecasts: list[dict]) -> list[dict]:
+    return [{"machine": f["machine"], **{k: v for k, v in r.items() if k != "how"}, "how": "; ".join(r["how"])}
+            for f in forecasts for r in f["validation"]]
+
+
+def model_rows(forecasts: list[dict]) -> list[dict]:
+    keep = ("framework", "variant", "alpha_us", "beta_busbw_GBps", "exposed_fraction", "sigma_ms", "compute_a_ms",
+            "compute_b_ms_per_sample", "weak_knee_k", "strong_knee_k")
+    return [{"machine": f["machine"], **{k: s.get(k) for k in keep}, "fabric_from": f["fabric_from"] or "",
+             "how": "; ".join(s["how"])} for f in forecasts for s in f["series"]]
+
+
+def record(forecasts: list[dict]) -> dict:
+    """The forecast JSON: settings, every machine's series (grid, band, knee) and validation."""
+    return {"written_utc": utc_now(), "settings": forecasts[0]["config"] if forecasts else None,
+            "machines": [{k: v for k, v in f.items() if k != "config"} for f in forecasts]}
+
+
+def write(path, forecasts: list[dict]) -> None:
+    write_json_atomic(path, record(forecasts))
