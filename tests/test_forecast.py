@@ -164,3 +164,23 @@ def test_book_k4_from_k_up_to_2_within_5_points():
 def test_knee_is_the_last_k_at_or_above_the_threshold():
     assert fc.knee([1, 2, 4, 8], [1.0, 0.9, 0.81, 0.7], 0.8) == 4
     assert fc.knee([1, 2, 4], [1.0, 0.9, 0.85], 0.8) is None
+
+
+def test_cli_prints_the_forecast_and_the_validation_from_kept_results(capsys, tmp_path):
+    from dpscale import cli
+    out = tmp_path / "forecast.json"
+    assert cli.main(["forecast", str(ROOT / "reference" / "h200x2"), "--bootstrap-draws", "10",
+                     "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "== h200x2" in text and "== book" in text
+    assert "ddp weak   [seed] k=2   k=1 compute + fabric at k" in text
+    assert "ddp weak   [seed] k=4   smaller k only" in text   # the book's k=4 from its k <= 2
+    import json
+    rec = json.loads(out.read_text())
+    assert rec["settings"]["bootstrap_draws"] == 10 and [r["k"] for r in rec["machines"][0]["series"][0]["rows"]][-1] == 128
+
+
+def test_cli_names_a_folder_without_runs(tmp_path):
+    from dpscale import cli
+    with pytest.raises(SystemExit, match="has no runs/ folder"):
+        cli.main(["forecast", str(tmp_path)])

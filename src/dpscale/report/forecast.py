@@ -90,3 +90,71 @@ def record(forecasts: list[dict]) -> dict:
 
 def write(path, forecasts: list[dict]) -> None:
     write_json_atomic(path, record(forecasts))
+
+
+# ---------------------------------------------------------------- `dpscale forecast`
+
+def _pc(x) -> str:
+    return "    –" if x is None else f"{100 * x:5.1f}"
+
+
+def _band(r: dict, key: str) -> str:
+    lo, hi = r.get(f"{key}_lo"), r.get(f"{key}_hi")
+    return f"{_pc(r.get(key))}% [{_pc(lo)}, {_pc(hi)}]" if lo is not None else f"{_pc(r.get(key))}%{'':16}"
+
+
+def _meas(x) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def knee_text(s: dict, scaling: str) -> str:
+    """'k=4', 'past k=128' (never below the threshold), '–' (no prediction past k=1)."""
+    if not any(r.get(f"{scaling}_efficiency") is not None and r["k"] > 1 for r in s["rows"]):
+        return "–"
+    return f"k={s[f'{scaling}_knee_k']}" if s[f"{scaling}_knee_k"] else f"past k={s['rows'][-1]['k']}"
+
+
+def _ms(x) -> str:
+    return "      –" if x is None else f"{x:7.2f}"
+
+
+def series_text(s: dict) -> list[str]:
+    beta = f"{s['beta_busbw_GBps']:.1f} GB/s busbw, alpha {s['alpha_us']:.1f} us" if s["beta_busbw_GBps"] else "none"
+    out = [f"  {s['framework']} [{s['variant']}]: fabric {beta}; exposed fraction {s['exposed_fraction']:.2f}; "
+           f"straggler sigma {s['sigma_ms']:.2f} ms; knee (< {100 * s['knee_threshold']:.0f}%) weak "
+           f"{knee_text(s, 'weak')}, strong {knee_text(s, 'strong')}",
+           f"    ({'; '.join(s['how'])})",
+           f"    {'k':>4} {'nodes':>5} {'point':<9} {'weak efficiency [band]':<24} {'measured':>8} {'ms/step':>7}  "
+           f"{'strong efficiency [band]':<24} {'measured':>8} {'ms/step':>7}"]
+    for r in s["rows"]:
+        out.append(f"    {r['k']:>4} {r['nodes']:>5} {r['point']:<9} {_band(r, 'weak_efficiency'):<24} "
+                   f"{_meas(r.get('weak_measured')):>8} {_ms(r.get('weak_step_ms'))}  "
+                   f"{_band(r, 'strong_efficiency'):<24} {_meas(r.get('strong_measured')):>8} "
+                   f"{_ms(r.get('strong_step_ms'))}")
+    return out
+
+
+def validation_text(f: dict) -> list[str]:
+    out = ["  validation (predicted against measured):"] if f["validation"] else [
+        "  validation: no measured k >= 2 with an all-reduce sweep"]
+    for r in f["validation"]:
+        band = f" [{_pc(r['predicted_lo'])}, {_pc(r['predicted_hi'])}]" if r["predicted_lo"] is not None else ""
+        out.append(f"    {r['framework']} {r['scaling']:<6} [{r['variant']}] k={r['k']:<3} {r['method']:<26} "
+                   f"predicted {_pc(r['predicted'])}%{band}, measured {_pc(r['measured'])}%, "
+                   f"error {r['error_points']:+.1f} points")
+    return out
+
+
+def text(forecasts: list[dict]) -> str:
+    """The forecast and its validation, as `dpscale forecast` prints them."""
+    cfg = forecasts[0]["config"] if forecasts else {}
+    lines = [f"Forecast (band: {100 * cfg.get('band_level', 0):.0f}% bootstrap interval, "
+             f"{cfg.get('bootstrap_draws')} draws; nodes of {cfg.get('gpus_per_node')} at "
+             f"{cfg.get('internode_GBps')} GB/s and {cfg.get('internode_alpha_us')} us between nodes)"]
+    for f in forecasts:
+        lines.append(f"\n== {f['machine']}" + (f"  (fabric borrowed from {f['fabric_from']})" if f["fabric_from"]
+                                               else ""))
+        for s in f["series"]:
+            lines += series_text(s)
+        lines += validation_text(f)
+    return "\n".join(lines)

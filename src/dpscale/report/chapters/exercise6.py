@@ -48,8 +48,7 @@ def headline(data: ReportData) -> str:
         k8, n4 = at.get(8, {}), at.get(32, {})
         parts.append(f"{f['label']} [{s['variant']}] weak k=8 {pct(k8.get('weak_efficiency'))}, 4 nodes of 8 "
                      f"{pct(n4.get('weak_efficiency'))}; knee (weak/strong, < {pct(s['knee_threshold'])}) "
-                     f"{s['weak_knee_k'] or 'past ' + str(s['rows'][-1]['k'])}/"
-                     f"{s['strong_knee_k'] or 'past ' + str(s['rows'][-1]['k'])}")
+                     f"{fcr.knee_text(s, 'weak')}/{fcr.knee_text(s, 'strong')}")
     return "Forecast: " + ("; ".join(parts) or "no machine has k=1 throughput")
 
 

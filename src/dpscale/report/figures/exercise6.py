@@ -41,7 +41,7 @@ def _measured(ax, rows, scaling: str, color: str):
 
 
 def _frame(ax, data_ks, per_node: int, title: str):
-    kit.k_axis(ax, [k for k in data_ks if k in (1, 2, 4, 8) or k % (4 * per_node) == 0 or k == max(data_ks)])
+    kit.k_axis(ax, [k for k in data_ks if k & (k - 1) == 0])   # powers of two: readable on a log axis
     ax.axvline(per_node * 1.41, color="gray", ls=":", lw=1)
     ax.set_title(title)
     ax.set_xlabel(f"k (1..{per_node} in one node, then nodes of {per_node})")
