@@ -177,7 +177,8 @@ def test_cli_prints_the_forecast_and_the_validation_from_kept_results(capsys, tm
     assert "ddp weak   [seed] k=4   smaller k only" in text   # the book's k=4 from its k <= 2
     import json
     rec = json.loads(out.read_text())
-    assert rec["settings"]["bootstrap_draws"] == 10 and [r["k"] for r in rec["machines"][0]["series"][0]["rows"]][-1] == 128
+    assert rec["settings"]["bootstrap_draws"] == 10
+    assert [r["k"] for r in rec["machines"][0]["series"][0]["rows"]][-1] == 128
 
 
 def test_cli_names_a_folder_without_runs(tmp_path):

@@ -29,7 +29,8 @@ def build_fixture(tmp: Path, **kw) -> dict:
     write_json_atomic(tmp / "results" / "fingerprint.json", CPU_FP)
     write_gpu_paper(tmp / "reference" / "h200x8")
     out = tmp / "results" / "report"
-    info = {"command": "snakemake --cores 2 report", "config_hash": "c0ffee", "resolved": {"ks": [1, 2, 4]}}
+    info = {"command": "snakemake --cores 2 report", "config_hash": "c0ffee",
+            "resolved": {"ks": [1, 2, 4], "forecast": {"bootstrap_draws": 20}}}
     summary = report.build(runs, tmp / "results" / "fingerprint.json", out, targets=targets,
                            references=[tmp / "reference"], book_path=BOOK, build_info=info, **kw)
     raw = (out / "report.html").read_text()

@@ -131,11 +131,26 @@ def compute_points(results: dict, framework: str, variant: str, rng=None) -> dic
     return out
 
 
-def sigma_k1(results: dict, framework: str, variant: str) -> float:
+def sigma_k1(results: dict, framework: str, variant: str) -> tuple[float, str]:
+    """(sigma s, how): k=1's step-time spread; 0 where no per-rank step times were recorded."""
     r = series(results, FRAMEWORKS[framework][0], variant).get(1)
     rows = _m(r).get("per_rank") or []
     sig = fc.sigma_from_steps((rows[0] if rows else {}).get("steps"))
-    return sig or 0.0
+    return (sig, "straggler sigma from k=1's step p10/p90") if sig else (
+        0.0, "no per-rank step times at k=1: straggler term 0")
+
+
+def band_sources(results: dict, framework: str, variant: str) -> dict:
+    """What the band resamples, and what was measured once and so held fixed."""
+    reps = [len(_m(r).get("samples_per_s_repeats") or []) + len(_m(r).get("samples_per_s_launches") or [])
+            for e in FRAMEWORKS[framework] if e for r in [series(results, e, variant).get(1)] if r]
+    pts = {k: len((sweep_at(results, k) or {}).get("bytes", [])) for k in fabric_ks(results)}
+    pairs = {k: len(_m(r).get("comm_ms_pairs") or []) for (e, _v, k), r in results.items()
+             if e == "ddp_comm_probe" and ok(r)}
+    fixed = (["k=1 throughput"] if not any(n > 1 for n in reps) else []) + \
+            (["all-reduce sweep"] if not any(n > 2 for n in pts.values()) else []) + \
+            (["probe difference"] if framework == "ddp" and not any(pairs.values()) else [])
+    return {"k1_repeats": reps, "sweep_points": pts, "probe_pairs": pairs, "fixed": fixed}
 
 
 # ---------------------------------------------------------------- the model of a machine
@@ -161,8 +176,9 @@ def build(results: dict, framework: str, variant: str, cfg: dict, *, below: int 
     fk = fabric_k or _pick(fabric_ks(results), below)
     fab = fit_at(results, fk, rng) if fk else None
     buckets, how_b = grad_buckets(results, framework, params_hint)
-    m = fc.StepModel(a, b, fab, buckets, 1.0, sigma_k1(results, framework, variant), internode(cfg),
-                     int(cfg["gpus_per_node"]), notes=(how_c, how_b, fab.source if fab else "no fabric measured"))
+    sigma, how_s = sigma_k1(results, framework, variant)
+    m = fc.StepModel(a, b, fab, buckets, 1.0, sigma, internode(cfg), int(cfg["gpus_per_node"]),
+                     notes=(how_c, how_b, fab.source if fab else "no fabric measured", how_s))
     if fab is None or not buckets:
         return m
     f, how_f = exposure(results, framework, variant, m, below, fabric_k, rng)
@@ -259,6 +275,7 @@ def _validate_one(results, fw, variant, scaling, k, method, kw, cfg, params_hint
     return {"framework": fw, "variant": variant, "scaling": scaling, "k": k, "method": method,
             "predicted": pred[key], "predicted_lo": bd.get(f"{key}_lo"), "predicted_hi": bd.get(f"{key}_hi"),
             "measured": measured, "error_points": 100 * (pred[key] - measured),
+            "band_fixed": band_sources(results, fw, variant)["fixed"],
             **{x: pred[x] for x in ("compute_ms", "exposed_comm_ms", "straggler_ms")}, **describe(m)}
 
 
@@ -304,6 +321,7 @@ def forecast_series(results, fw, variant, cfg, params_hint=None) -> dict | None:
         row["point"] = "measured" if row.get("weak_measured") is not None else "predicted"
         rows.append(row)
     return {"framework": fw, "variant": variant, "per_rank_batch": wb, "global_batch": sg, **describe(m),
+            "band_sources": band_sources(results, fw, variant),
             "knee_threshold": cfg["knee_efficiency"], "band_level": cfg["band_level"], "rows": rows,
             **{f"{s}_knee_k": knee_of(rows, f"{s}_efficiency", cfg) for s in ("weak", "strong")}}
 

@@ -71,7 +71,8 @@ def grid_rows(forecasts: list[dict]) -> list[dict]:
 
 
 def validation_rows(forecasts: list[dict]) -> list[dict]:
-    return [{"machine": f["machine"], **{k: v for k, v in r.items() if k != "how"}, "how": "; ".join(r["how"])}
+    return [{"machine": f["machine"], **{k: v for k, v in r.items() if k not in ("how", "band_fixed")},
+             "band_fixed": ", ".join(r["band_fixed"]) or "nothing", "how": "; ".join(r["how"])}
             for f in forecasts for r in f["validation"]]
 
 
@@ -139,9 +140,10 @@ def validation_text(f: dict) -> list[str]:
         "  validation: no measured k >= 2 with an all-reduce sweep"]
     for r in f["validation"]:
         band = f" [{_pc(r['predicted_lo'])}, {_pc(r['predicted_hi'])}]" if r["predicted_lo"] is not None else ""
+        fixed = f" (band holds fixed: {', '.join(r['band_fixed'])})" if r["band_fixed"] else ""
         out.append(f"    {r['framework']} {r['scaling']:<6} [{r['variant']}] k={r['k']:<3} {r['method']:<26} "
                    f"predicted {_pc(r['predicted'])}%{band}, measured {_pc(r['measured'])}%, "
-                   f"error {r['error_points']:+.1f} points")
+                   f"error {r['error_points']:+.1f} points{fixed}")
     return out
 
 

@@ -20,7 +20,7 @@ GRID = ["machine", "framework", "variant", "k", "nodes", "point", "weak_efficien
         "allreduce_ring_ms", "allreduce_tree_ms", "straggler_ms", "fabric_from"]
 VALIDATION = ["machine", "framework", "variant", "scaling", "k", "method", "predicted", "predicted_lo", "predicted_hi",
               "measured", "error_points", "compute_ms", "exposed_comm_ms", "straggler_ms", "exposed_fraction",
-              "beta_busbw_GBps", "alpha_us", "how"]
+              "beta_busbw_GBps", "alpha_us", "band_fixed", "how"]
 MODEL = ["machine", "framework", "variant", "alpha_us", "beta_busbw_GBps", "exposed_fraction", "sigma_ms",
          "compute_a_ms", "compute_b_ms_per_sample", "weak_knee_k", "strong_knee_k", "fabric_from", "how"]
 PERCENT = ("weak_efficiency", "weak_efficiency_lo", "weak_efficiency_hi", "weak_measured", "strong_efficiency",
