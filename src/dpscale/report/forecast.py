@@ -8,7 +8,6 @@ says so (`fabric_from`); with none, it has compute only, and no prediction past 
 """
 from __future__ import annotations
 
-from dpscale.analysis import forecast_data as fd
 from dpscale.plan import config as dsconfig
 from dpscale.report.machines import Machine, ReportData
 from dpscale.results import utc_now, write_json_atomic
@@ -19,6 +18,7 @@ PRIMARY = ("seed", "host", "cached", "device", "tuned")   # the book's protocol 
 
 def settings(resolved: dict | None = None, **over) -> dict:
     """The schema's `forecast` defaults, the resolved configuration's values over them."""
+    from dpscale.analysis import forecast_data as fd   # numpy, scipy: not when the workflow is parsed
     props = dsconfig.schema()["properties"]["forecast"]["properties"]
     given = {**((resolved or {}).get("forecast") or {}), **{k: v for k, v in over.items() if v is not None}}
     return fd.config({**{k: v["default"] for k, v in props.items()}, **given})
@@ -37,6 +37,7 @@ def donor(m: Machine, machines: list[Machine]) -> Machine | None:
 
 
 def of_machine(m: Machine, machines: list[Machine], cfg: dict) -> dict:
+    from dpscale.analysis import forecast_data as fd
     d = donor(m, machines)
     results = dict(m.results)
     if d:
