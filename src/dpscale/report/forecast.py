@@ -61,10 +61,12 @@ def primary(f: dict, framework: str = "ddp") -> dict | None:
     return next((ser[v] for v in PRIMARY if v in ser), next(iter(ser.values()), None))
 
 
-def grid_rows(forecasts: list[dict]) -> list[dict]:
+def grid_rows(forecasts: list[dict], primary_only: bool = False) -> list[dict]:
+    """One row per (machine, series, k); primary_only: each machine's drawn DDP and JAX series."""
     out = []
     for f in forecasts:
-        for s in f["series"]:
+        chosen = [s for s in (primary(f, "ddp"), primary(f, "jax")) if s] if primary_only else f["series"]
+        for s in chosen:
             for r in s["rows"]:
                 out.append({"machine": f["machine"], "framework": s["framework"], "variant": s["variant"],
                             "fabric_from": f["fabric_from"] or "", **r})

@@ -52,6 +52,19 @@ def headline(data: ReportData) -> str:
     return "Forecast: " + ("; ".join(parts) or "no machine has k=1 throughput")
 
 
+def step_headline(data: ReportData) -> str:
+    parts = []
+    for f in fcr.compute(data):
+        s = fcr.primary(f)
+        rows = [r for r in (s or {}).get("rows", []) if r.get("weak_step_ms") is not None]
+        if len(rows) > 1:
+            node, far = max((r for r in rows if r["nodes"] == 1), key=lambda r: r["k"]), rows[-1]
+            parts.append(f"{f['label']} [{s['variant']}] weak {rows[0]['weak_step_ms']:.1f} ms at k=1, "
+                         f"{node['weak_step_ms']:.1f} ms at k={node['k']}, {far['weak_step_ms']:.1f} ms on "
+                         f"{far['nodes']} nodes (k={far['k']})")
+    return "Forecast, time per step: " + ("; ".join(parts) or "no machine has a fabric to forecast with")
+
+
 def notes(data: ReportData) -> list[str]:
     out = []
     for f in fcr.compute(data):
@@ -72,8 +85,9 @@ def book_cell(f: dict | None) -> Cell:
     rows = [r for r in (f or {}).get("validation", []) if r["method"] == "smaller k only"] or \
            (f or {}).get("validation", [])
     if not rows:
-        return Cell("needs k=1 throughput and an all-reduce at some k >= 2", "missing")
-    return Cell("; ".join(f"{r['framework']} {r['scaling']} k={r['k']}: {pct(r['predicted'])} predicted, "
+        return Cell("no measured k >= 2 with an all-reduce sweep to check against", "missing")
+    return Cell("; ".join(f"{r['framework']} {r['scaling']} [{r['variant']}] k={r['k']}: "
+                          f"{pct(r['predicted'])} predicted, "
                           f"{pct(r['measured'])} measured ({r['error_points']:+.1f})" for r in rows))
 
 
@@ -90,14 +104,16 @@ def book_rows(data: ReportData) -> list:
 def page(data: ReportData) -> Page:
     fs = fcr.compute(data)
     return Page("exercise6", CHAPTER.title, prose("exercise6"),
-                figures=[figure(FIGURES[0], headline(data), notes(data)), figure(FIGURES[1], headline(data))],
+                figures=[figure(FIGURES[0], headline(data), notes(data)), figure(FIGURES[1], step_headline(data))],
                 tables=[records_table("forecast_validation", "Predicted against measured, every measured k >= 2",
                                       percent(fcr.validation_rows(fs)), VALIDATION),
                         records_table("forecast_model", "The fitted model of each series",
                                       percent(fcr.model_rows(fs)), MODEL),
                         records_table("forecast", "Forecast per k: in one node, then nodes of "
-                                      f"{fs[0]['config']['gpus_per_node'] if fs else 8}",
-                                      percent(fcr.grid_rows(fs)), GRID)])
+                                      f"{fcr.settings(data.build.get('resolved'))['gpus_per_node']}",
+                                      percent(fcr.grid_rows(fs, primary_only=True)), GRID,
+                                      note="Each machine's book-protocol series (seed or host, else the first "
+                                           "measured); forecast.json and `dpscale forecast` hold every variant.")])
 
 
 CHAPTER = Chapter("exercise6", "Forecast: past the machine (exercise 6)", FIGURES, TABLES, page, book_rows)
