@@ -29,7 +29,8 @@ def build_fixture(tmp: Path, **kw) -> dict:
     write_json_atomic(tmp / "results" / "fingerprint.json", CPU_FP)
     write_gpu_paper(tmp / "reference" / "h200x8")
     out = tmp / "results" / "report"
-    info = {"command": "snakemake --cores 2 report", "config_hash": "c0ffee", "resolved": {"ks": [1, 2, 4]}}
+    info = {"command": "snakemake --cores 2 report", "config_hash": "c0ffee",
+            "resolved": {"ks": [1, 2, 4], "forecast": {"bootstrap_draws": 20}}}
     summary = report.build(runs, tmp / "results" / "fingerprint.json", out, targets=targets,
                            references=[tmp / "reference"], book_path=BOOK, build_info=info, **kw)
     raw = (out / "report.html").read_text()
@@ -148,11 +149,17 @@ def test_tuned_headline(built):
     assert "h200x8 k=1: DDP 20,000 (4.0x), MFU 0.34; JAX 23,000 (2.1x), MFU 0.39" in head, head
 
 
-def test_k8_prediction_matches_cost_model(built):
-    book = [r for r in rows_of(built, "k8_prediction") if r["machine"].startswith("book")][0]
-    pred = costmodel.weak_efficiency_k({2: 3706 / 2106 / 2, 4: 6921 / 2106 / 4}, 8)
-    assert book["predicted_flat"] == f"{100 * pred['flat']:.1f}%"
-    assert book["predicted_ring"] == f"{100 * pred['ring']:.1f}%"
+def test_forecast_tables_and_json(built):
+    """The forecast chapter: the book's k=4 predicted from its k <= 2 in the validation
+    table (within 5 points, as analysis.forecast_data computes it), a grid to 16 nodes
+    of 8 per machine with a band, and the same records in forecast.json."""
+    book = [r for r in rows_of(built, "forecast_validation") if r["machine"].startswith("book") and r["k"] == "4"]
+    assert {(r["framework"], r["scaling"]) for r in book} == {("ddp", "weak"), ("ddp", "strong"), ("jax", "weak")}
+    assert all(abs(float(r["error_points"])) < 5 for r in book), book
+    grid = [r for r in rows_of(built, "forecast") if r["machine"].startswith("book") and r["variant"] == "seed"]
+    assert [int(r["k"]) for r in grid][-1] == 128 and grid[-1]["weak_efficiency_lo"].endswith("%")
+    record = json.loads((built["out"] / "forecast.json").read_text())
+    assert record["settings"]["internode_GBps"] > 0 and len(record["machines"]) >= 2
 
 
 def test_committed_h200x2_counts_its_plan(tmp_path):

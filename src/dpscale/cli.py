@@ -2,6 +2,8 @@
 
     dpscale keep NAME         keep this machine's results as reference/NAME/, to compare later
     dpscale experiments       list the experiments the registry declares
+    dpscale forecast [DIR ...]  the scaling forecast (to 16 nodes, with band and knee) and its
+                              validation against every measured k, from kept results
 
 `keep` copies what a later report needs to set this machine beside another:
 results/runs/, results/fingerprint.json, results/model/, the plan the last report was
@@ -22,6 +24,7 @@ from pathlib import Path
 from dpscale import registry
 
 NAME_OK = "letters, digits, '-', '_' and '.'"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _copy(src: Path, dest: Path) -> None:
@@ -63,6 +66,44 @@ def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
     return target
 
 
+def add_forecast_parser(sub) -> None:
+    f = sub.add_parser("forecast", help="print the scaling forecast and its validation from kept results")
+    f.add_argument("dirs", nargs="*", type=Path, help="machine folders, each with runs/ and fingerprint.json "
+                   "(reference/NAME, or results/ of a run); default: every folder under reference/")
+    f.add_argument("--book", type=Path, default=ROOT / "reference" / "book_4090.yaml",
+                   help="the book's numbers, one more machine (default: reference/book_4090.yaml)")
+    f.add_argument("--no-book", action="store_true", help="leave the book out")
+    f.add_argument("--json", type=Path, default=None, help="also write the forecast JSON here")
+    for key, kind, what in (("internode_GBps", float, "GB/s into the fabric between nodes, per node"),
+                            ("internode_alpha_us", float, "latency between nodes, us"),
+                            ("gpus_per_node", int, "devices per node"), ("max_nodes", int, "most nodes"),
+                            ("knee_efficiency", float, "efficiency threshold of the knee"),
+                            ("bootstrap_draws", int, "bootstrap draws of the band")):
+        f.add_argument(f"--{key.replace('_', '-')}", dest=key, type=kind, default=None,
+                       help=f"{what} (default: schemas/config.schema.yaml forecast.{key})")
+
+
+def forecast(a) -> int:
+    from dpscale.report import book as bookmod, forecast as fcr
+    from dpscale.report.machines import load_reference, reference_folders
+    dirs = a.dirs or reference_folders([ROOT / "reference"])
+    bad = [d for d in dirs if not (Path(d) / "runs").is_dir()]
+    if bad:
+        raise SystemExit(f"dpscale forecast: {bad[0]} has no runs/ folder; pass a folder kept by `dpscale keep` "
+                         "(reference/NAME) or a run's results/")
+    machines = [load_reference(Path(d)) for d in dirs]
+    book = None if a.no_book else bookmod.load(a.book)
+    machines += [book] if book else []
+    cfg = fcr.settings(None, **{k: getattr(a, k) for k in ("internode_GBps", "internode_alpha_us", "gpus_per_node",
+                                                          "max_nodes", "knee_efficiency", "bootstrap_draws")})
+    forecasts = [fcr.of_machine(m, machines, cfg) for m in machines]
+    print(fcr.text(forecasts))
+    if a.json:
+        fcr.write(a.json, forecasts)
+        print(f"\nwrote {a.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dpscale", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--to", type=Path, default=None, help="the reference folder (default: <workdir>/reference)")
     k.add_argument("--force", action="store_true", help="replace an existing reference/NAME/")
     sub.add_parser("experiments", help="list the experiments (src/dpscale/registry.py)")
+    add_forecast_parser(sub)
     a = ap.parse_args(argv)
+    if a.command == "forecast":
+        return forecast(a)
     if a.command == "experiments":
         for e in registry.EXPERIMENTS.values():
             variants = "|".join(e.variant_names())

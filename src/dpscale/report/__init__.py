@@ -8,6 +8,7 @@ writes, under out_dir:
     figures/<name>.png   and .svg, one pair per figure a chapter declares (always all of them)
     tables/<key>.csv     one per table a chapter declares for CSV
     plan.json            what was planned, and how: `dpscale keep` copies it with the results
+    forecast.json        the forecast of every machine, its band and its validation (report/forecast.py)
 
 A chapter (chapters/<key>.py) owns its figures, tables and prose (prose/<key>.rst,
 prose/figures/<name>.rst); its figures are drawn by figures/<key>.py. The
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from dpscale import provenance
 from dpscale.results import write_json_atomic
-from dpscale.report import book as bookmod, render
+from dpscale.report import book as bookmod, forecast, render
 from dpscale.report.chapters import CHAPTERS, csv_tables, figure_specs
 from dpscale.report.chapters.common import prose
 from dpscale.report.chapters.provenance import header
@@ -59,6 +60,7 @@ def build(runs_dir, fingerprint_path, out_dir, *, targets=None, references=(), b
     captions = {spec.name: prose(f"figures/{spec.name}") for _chapter, spec in figure_specs()}
     render.write_all(out, pages, header(data), captions, csv_tables())
     write_json_atomic(out / "plan.json", plan_record(data))
+    forecast.write(out / "forecast.json", forecast.compute(data))
     counts = {m.label: m.counts() for m in data.measured}
     return {"machines": [m.name for m in data.machines], "figures": list(images), "counts": counts,
             "headlines": {f.name: f.headline for p in pages for f in p.figures},

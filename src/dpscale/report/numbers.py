@@ -204,20 +204,6 @@ def avg_busbw(r: dict | None) -> float | None:
 
 # ---------------------------------------------------------------- the rest
 
-def k8_rows(machines: list[Machine], target: int = 8) -> list[dict]:
-    rows = []
-    for m in machines:
-        for variant in m.variants("ddp_weak"):
-            eff = {r["k"]: r["efficiency"] for r in scaling(m, "ddp_weak", variant) if r["efficiency"] is not None}
-            pred = costmodel.weak_efficiency_k({k: e for k, e in eff.items() if k < target}, target)
-            if pred:
-                rows.append({"machine": m.name, "variant": variant, "from_k": pred["from_k"],
-                             "efficiency_at_from_k": eff[pred["from_k"]], "k": target,
-                             "predicted_flat": pred["flat"], "predicted_ring": pred["ring"],
-                             "measured": eff.get(target)})
-    return rows
-
-
 def hlo_summary(r: dict) -> dict:
     sizes = [s for s in metric(r, "allreduce_elements", default=[]) or [] if isinstance(s, (int, float))]
     n = metric(r, "n_allreduce", default=len(sizes) or None)
