@@ -54,3 +54,21 @@ def test_cli_prints_the_table_and_names_a_bad_folder(capsys, tmp_path):
     assert "A = h200 (1x H200), B = h200x2" in out and "ddp_weak" in out and "no interval" in out
     with pytest.raises(SystemExit, match=r"runs is missing; pass a folder kept by `dpscale keep`"):
         cli.main(["compare", str(H200), str(tmp_path)])
+
+
+def test_every_efficiency_interval_stays_in_0_2(tmp_path):
+    """The committed references and the fixture machines: no efficiency interval reaches
+    outside [0, 2] (the old interval arithmetic gave the smoke run 63% [19%, 463%])."""
+    from report_fixtures import BOOK, CPU_FP, write_cpu_smoke, write_gpu_paper
+    from dpscale.report import load
+    from dpscale.report.numbers import THROUGHPUT, scaling
+    from dpscale.results import write_json_atomic
+    targets = write_cpu_smoke(tmp_path / "runs")
+    write_json_atomic(tmp_path / "fingerprint.json", CPU_FP)
+    write_gpu_paper(tmp_path / "reference" / "h200x8")
+    data = load(tmp_path / "runs", tmp_path / "fingerprint.json", targets, [tmp_path / "reference"], BOOK)
+    machines = data.measured + [compare.load(H200), compare.load(H200X2)]
+    rows = [r for m in machines for e in THROUGHPUT for v in m.variants(e) for r in scaling(m, e, v)
+            if r["efficiency_lo"] is not None]
+    assert len(rows) >= 4 and all(0 <= r["efficiency_lo"] <= r["efficiency"] <= r["efficiency_hi"] <= 2 for r in rows)
+    assert all(r["ratio_covers"] == "timed epochs within one launch" for r in rows)

@@ -82,8 +82,9 @@ def render(a: Machine, b: Machine) -> str:
             "machines' samples independent), over what `covers` says.")
     if df.empty:
         return head + f"\nNo (experiment, variant, k) has an ok result in both {a.source} and {b.source}."
+    ratio_text = {c: df[c].map(lambda x: "–" if pd.isna(x) else f"{x:.3f}") for c in ("B/A", "ci_lo", "ci_hi")}
     shown = df.assign(A=df["A"].map(fmt_num), B=df["B"].map(fmt_num), covers=df["covers"].replace("", "–"),
-                      **{c: df[c].map(lambda x: "–" if pd.isna(x) else f"{x:.3f}") for c in ("B/A", "ci_lo", "ci_hi")})
+                      **ratio_text)
     return head + "\n" + shown.to_string(index=False)
 
 

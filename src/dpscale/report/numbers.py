@@ -17,6 +17,7 @@ from dpscale.analysis import costmodel, stats
 from dpscale.report.machines import Machine
 
 THROUGHPUT = ("ddp_weak", "ddp_strong", "jax_weak")
+PROBE_COVERS = "paired trials within one launch"
 
 
 def ok(r: dict | None) -> bool:
@@ -188,6 +189,7 @@ def probe_row(m: Machine, k: int, r: dict) -> dict:
            "synced_ms": metric(r, "synced_ms"), "no_sync_ms": metric(r, "no_sync_ms"),
            "comm_ms": mi.get("median", metric(r, "comm_ms")), "comm_lo": mi.get("ci_lo"),
            "comm_hi": mi.get("ci_hi"), "pairs": mi.get("n"),
+           "covers": PROBE_COVERS if mi.get("ci_lo") is not None else "",
            "pred_flat_ms": metric(r, "pred_flat_ms"), "pred_ring_ms": metric(r, "pred_ring_ms"),
            "pred_book_ms": metric(r, "pred_book_ms"),
            "grad_MB": (metric(r, "grad_bytes") or 0) / 1e6 or None,
