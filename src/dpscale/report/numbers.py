@@ -98,12 +98,13 @@ def point(r: dict | None) -> tuple[float | None, float | None, float | None]:
     return metric(r, "samples_per_s"), None, None
 
 
-def ratio(num: dict | None, den: dict | None, name: str = "samples_per_s", scale: float = 1.0) -> dict:
-    """stats.ratio_ci of two results' samples (independent: different launches); `covers`
-    names both sides when they differ."""
+def ratio(num: dict | None, den: dict | None, name: str = "samples_per_s", scale: float = 1.0,
+          paired: bool = False) -> dict:
+    """stats.ratio_ci of two results' samples, independent (different launches) unless
+    `paired` (sample i of each from the same launch); `covers` names both sides when they differ."""
     (a, ca), (b, cb) = samples(num, name), samples(den, name)
     both = ca if ca == cb else f"{ca or 'one number'} over {cb or 'one number'}"
-    return stats.ratio_ci(a, b, scale=scale, covers=both)
+    return stats.ratio_ci(a, b, paired=paired, scale=scale, covers=both)
 
 
 def slow_ranks(r: dict | None, threshold: float = 0.05) -> list[int]:
