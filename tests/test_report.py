@@ -130,6 +130,9 @@ def test_intervals_in_tables(built):
     assert rows and all(re.fullmatch(r"\[[\d.,]+, [\d.,]+\]", r["interval"]) for r in rows)
     k2 = [r for r in rows if r["k"] == "2" and r["experiment"] == "ddp_weak" and r["variant"] == "seed"][0]
     assert k2["repeats"] == "3" and k2["speedup_interval"].startswith("[") and k2["efficiency_interval"].startswith("[")
+    assert k2["covers"] == k2["ratio_covers"] == "timed epochs within one launch"   # what each interval covers
+    assert k2["ratio_method"].startswith("Fieller") and "over timed epochs within one launch" in \
+        built["summary"]["headlines"]["scaling_weak"]
     probe = [r for r in rows_of(built, "comm_probe") if r["machine"].startswith("this run")][0]
     assert probe["comm_interval"].startswith("[") and "distinguishable from 0" in probe["verdict"]
     noise = rows_of(built, "noise")

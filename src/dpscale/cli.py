@@ -4,6 +4,7 @@
     dpscale experiments       list the experiments the registry declares
     dpscale forecast [DIR ...]  the scaling forecast (to 16 nodes, with band and knee) and its
                               validation against every measured k, from kept results
+    dpscale compare A B       machine B against machine A (kept folders), ratios with intervals
 
 `keep` copies what a later report needs to set this machine beside another:
 results/runs/, results/fingerprint.json, results/model/, the plan the last report was
@@ -25,6 +26,16 @@ from dpscale import registry
 
 NAME_OK = "letters, digits, '-', '_' and '.'"
 ROOT = Path(__file__).resolve().parents[2]
+COMPARE_HELP = """Machine B against machine A, like for like: for every (experiment, variant, k) that
+both kept folders (<dir>/runs/<experiment>/<variant>/k<k>.json, as `dpscale keep` writes
+them) hold with status ok, one row per metric both carry (samples_per_s; the all-reduce's
+busbw_GBps_64MiB and avg_busbw_GBps): A, B, and B/A with its 95% interval computed on
+the ratio (Fieller's; the two machines' samples are independent) and what the interval
+covers: independent launches (samples_per_s_launches) or the timed epochs within one
+launch (samples_per_s_repeats). A result with one number (no repeats) gives B/A with no
+interval, and its note says so; a note also names protocol keys that differ.
+
+example: dpscale compare reference/h200 reference/h200x2"""
 
 
 def _copy(src: Path, dest: Path) -> None:
@@ -115,9 +126,17 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--force", action="store_true", help="replace an existing reference/NAME/")
     sub.add_parser("experiments", help="list the experiments (src/dpscale/registry.py)")
     add_forecast_parser(sub)
+    c = sub.add_parser("compare", help="print B/A for every point both kept machines measured, with 95%% intervals",
+                       description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("a", type=Path, help="machine A, the denominator: a kept folder, e.g. reference/h200")
+    c.add_argument("b", type=Path, help="machine B, the numerator: a kept folder, e.g. reference/h200x2")
     a = ap.parse_args(argv)
     if a.command == "forecast":
         return forecast(a)
+    if a.command == "compare":
+        from dpscale.report import compare   # pandas and scipy: only now
+        print(compare.compare(a.a, a.b))
+        return 0
     if a.command == "experiments":
         for e in registry.EXPERIMENTS.values():
             variants = "|".join(e.variant_names())

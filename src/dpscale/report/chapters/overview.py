@@ -57,7 +57,7 @@ def noise(r: dict) -> tuple[str, int | None, float | None] | None:
         return None
     e = r["experiment"]
     if (sp := spread(r)) is not None:
-        return "samples/s over the timed epochs", sp["n"], sp["cv"]
+        return f"samples/s over {sp['covers']}", sp["n"], sp["cv"]
     if e == "ddp_comm_probe" and (pairs := metric(r, "synced_ms_pairs")):
         iv = stats.interval(pairs)
         return "synced step time over the probe's pairs", iv["n"], iv["cv"]
