@@ -234,3 +234,11 @@ def test_figures_draw_their_intervals_as_error_bars(built):
         assert _has(times, row["bytes"] / 2**20, bw / hi, bw / lo)
     import matplotlib.pyplot as plt
     plt.close("all")
+
+
+def test_report_writes_the_tidy_table(built):
+    import pandas as pd
+    df = pd.read_csv(built["out"] / "results.csv")
+    assert all(df[c].dtype == "float64" for c in ("value", "ci_lo", "ci_hi"))
+    assert set(df.machine) == {"this run", "h200x8"}   # the measured machines, not the book
+    assert len(df) > 50

@@ -2,6 +2,7 @@
 
     dpscale keep NAME         keep this machine's results as reference/NAME/, to compare later
     dpscale experiments       list the experiments the registry declares
+    dpscale export [DIR ...]  the tidy results table (results.csv) of kept machines
 
 `keep` copies what a later report needs to set this machine beside another:
 results/runs/, results/fingerprint.json, results/model/, the plan the last report was
@@ -63,6 +64,42 @@ def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
     return target
 
 
+EXPORT_HELP = """\
+Write the tidy results table of kept machines: one row per (machine, experiment,
+variant, k, metric) with unit, value, ci_lo, ci_hi (numbers; empty where none), n,
+what the interval covers, status, data source and commit (dpscale.report.tidy; the
+report writes the same table as results/report/results.csv).
+
+  dpscale export                                  every machine under ./reference
+  dpscale export reference/h200 reference/h200x2 --to h200s.csv
+  dpscale export --to - | head                    to standard output
+
+Read it with pandas.read_csv: value, ci_lo and ci_hi come back as float64."""
+
+
+def export(dirs: list[Path], to: str) -> int:
+    """The tidy table of the machines kept in `dirs` (reference/<name>/ folders, or
+    folders of them) to the file `to` ('-': standard output). Returns the row count."""
+    from dpscale.report import machines, tidy   # pandas: only here
+    folders = []
+    for d in dirs:
+        if not d.is_dir():
+            raise SystemExit(f"dpscale export: {d} is not a folder; name a kept machine (reference/NAME) "
+                             "or a folder of them (reference)")
+        found = [d] if (d / "runs").is_dir() else machines.reference_folders([d])
+        if not found:
+            raise SystemExit(f"dpscale export: {d} holds no kept machine (no runs/ in it or in its "
+                             "sub-folders); keep one with `dpscale keep NAME`")
+        folders += found
+    kept = [machines.load_reference(f) for f in dict.fromkeys(folders)]
+    df = tidy.table(kept)
+    if to == "-":
+        sys.stdout.write(df.to_csv(index=False))
+    else:
+        tidy.write(kept, to)
+    return len(df)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="dpscale", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,7 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--to", type=Path, default=None, help="the reference folder (default: <workdir>/reference)")
     k.add_argument("--force", action="store_true", help="replace an existing reference/NAME/")
     sub.add_parser("experiments", help="list the experiments (src/dpscale/registry.py)")
+    x = sub.add_parser("export", help="write the tidy results table (CSV) of kept machines",
+                       description=EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    x.add_argument("dirs", nargs="*", type=Path, metavar="DIR",
+                   help="a kept machine (reference/NAME) or a folder of them (default: ./reference)")
+    x.add_argument("--to", default="results.csv",
+                   help="the CSV file to write, '-' for standard output (default: %(default)s)")
     a = ap.parse_args(argv)
+    if a.command == "export":
+        rows = export(a.dirs or [Path("reference")], a.to)
+        if a.to != "-":
+            print(f"wrote {rows} rows to {a.to}")
+        return 0
     if a.command == "experiments":
         for e in registry.EXPERIMENTS.values():
             variants = "|".join(e.variant_names())
