@@ -43,6 +43,10 @@ def test_interval_sits_on_the_mean_and_says_what_it_covers():
     assert (across["samples_per_s_mean"]["n"], across["samples_per_s_mean"]["covers"]) == (4, tidy.ACROSS)
     alone = tidy.metric_rows({"comm_ms": 2.0, "comm_ms_ci95": [1.5, 2.5], "repeats": 5})
     assert (alone[0]["ci_lo"], alone[0]["n"], alone[0]["covers"]) == (1.5, 5, tidy.WITHIN)
+    probe = {r["metric"]: r for r in tidy.metric_rows(
+        {"comm_ms": 2.0, "comm_ms_ci95": [1.5, 2.5], "comm_ms_pairs": [2.0] * 12, "comm_ms_ci95_coverage": 0.96})}
+    assert (probe["comm_ms"]["ci_hi"], probe["comm_ms"]["n"], probe["comm_ms"]["covers"]) == (2.5, 12, tidy.PAIRED)
+    assert probe["comm_ms_ci95_coverage"]["unit"] == "1"
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,9 @@ keeps them). `<metric>_ci95` is the 95% interval of the mean of `<metric>`'s sam
 so it sits on the `<metric>_mean` row where the result has one (the `<metric>` row is
 the book's single figure, the first timed epoch), else on `<metric>`. `covers` says
 what that interval spans: the timed epochs of one launch, or independent launches
-when the result holds `<metric>_launches`. n is the size of the sample a row
-summarises (the launches, the repeats, `<metric>_n` or the result's `repeats`).
+when the result holds `<metric>_launches` (paired trials for the probe's
+`<metric>_pairs`). n is the size of the sample a row summarises (the launches, the
+repeats, the pairs, `<metric>_n` or the result's `repeats`).
 A planned result with no number (failed, hung, skipped, not run) keeps one row with
 an empty metric, so a failure is never dropped from the table.
 """
@@ -30,6 +31,7 @@ from dpscale.report.machines import Machine
 COLUMNS = ["machine", "experiment", "variant", "k", "metric", "unit", "value", "ci_lo", "ci_hi", "n", "covers",
            "status", "data_source", "commit"]
 WITHIN = "timed epochs within one launch"
+PAIRED = "paired trials within one launch"
 ACROSS = "independent launches"
 # the statistics of a sample: `<base>_<suffix>` summarises the sample of `<base>`
 SUMMARY = ("mean", "median", "min", "max", "cv", "p10", "p90", "std")
@@ -37,7 +39,7 @@ SUMMARY = ("mean", "median", "min", "max", "cv", "p10", "p90", "std")
 # (pattern searched in the metric's name, unit), first match wins: the order matters
 # ("busbw_GBps_64MiB" is in GB/s, its payload is 64 MiB; "samples_per_s_cv" is a ratio).
 UNITS = (
-    (r"_cv$", "1"),
+    (r"(_cv|_coverage)$", "1"),
     (r"(^n_|_n$)", "count"),
     (r"(?<!per)_rank$", "rank"),
     (r"samples_per_s", "samples/s"),
@@ -81,6 +83,9 @@ def _sample(metrics: dict, base: str) -> tuple[int | None, str]:
     repeats = metrics.get(f"{base}_repeats")
     if isinstance(repeats, list) and repeats:
         return len(repeats), WITHIN
+    pairs = metrics.get(f"{base}_pairs")
+    if isinstance(pairs, list) and pairs:
+        return len(pairs), PAIRED
     if _number(metrics.get(f"{base}_n")):
         return int(metrics[f"{base}_n"]), WITHIN
     if f"{base}_ci95" in metrics and _number(metrics.get("repeats")):
