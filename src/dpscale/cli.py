@@ -5,6 +5,7 @@
     dpscale forecast [DIR ...]  the scaling forecast (to 16 nodes, with band and knee) and its
                               validation against every measured k, from kept results
     dpscale compare A B       machine B against machine A (kept folders), ratios with intervals
+    dpscale export [DIR ...]  the tidy results table (results.csv) of kept machines
 
 `keep` copies what a later report needs to set this machine beside another:
 results/runs/, results/fingerprint.json, results/model/, the plan the last report was
@@ -113,9 +114,43 @@ def forecast(a) -> int:
         fcr.write(a.json, forecasts)
         print(f"\nwrote {a.json}")
     return 0
+EXPORT_HELP = """\
+Write the tidy results table of kept machines: one row per (machine, experiment,
+variant, k, metric) with unit, value, ci_lo, ci_hi (numbers; empty where none), n,
+what the interval covers, status, data source and commit (dpscale.report.tidy; the
+report writes the same table as results/report/results.csv).
+
+  dpscale export                                  every machine under ./reference
+  dpscale export reference/h200 reference/h200x2 --to h200s.csv
+  dpscale export --to - | head                    to standard output
+
+Read it with pandas.read_csv: value, ci_lo and ci_hi come back as float64."""
 
 
-def main(argv: list[str] | None = None) -> int:
+def export(dirs: list[Path], to: str) -> int:
+    """The tidy table of the machines kept in `dirs` (reference/<name>/ folders, or
+    folders of them) to the file `to` ('-': standard output). Returns the row count."""
+    from dpscale.report import machines, tidy   # pandas: only here
+    folders = []
+    for d in dirs:
+        if not d.is_dir():
+            raise SystemExit(f"dpscale export: {d} is not a folder; name a kept machine (reference/NAME) "
+                             "or a folder of them (reference)")
+        found = [d] if (d / "runs").is_dir() else machines.reference_folders([d])
+        if not found:
+            raise SystemExit(f"dpscale export: {d} holds no kept machine (no runs/ in it or in its "
+                             "sub-folders); keep one with `dpscale keep NAME`")
+        folders += found
+    kept = [machines.load_reference(f) for f in dict.fromkeys(folders)]
+    df = tidy.table(kept)
+    if to == "-":
+        sys.stdout.write(df.to_csv(index=False))
+    else:
+        tidy.write(kept, to)
+    return len(df)
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dpscale", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -130,12 +165,28 @@ def main(argv: list[str] | None = None) -> int:
                        description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("a", type=Path, help="machine A, the denominator: a kept folder, e.g. reference/h200")
     c.add_argument("b", type=Path, help="machine B, the numerator: a kept folder, e.g. reference/h200x2")
+    x = sub.add_parser("export", help="write the tidy results table (CSV) of kept machines",
+                       description=EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    x.add_argument("dirs", nargs="*", type=Path, metavar="DIR",
+                   help="a kept machine (reference/NAME) or a folder of them (default: ./reference)")
+    x.add_argument("--to", default="results.csv",
+                   help="the CSV file to write, '-' for standard output (default: %(default)s)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     a = ap.parse_args(argv)
     if a.command == "forecast":
         return forecast(a)
     if a.command == "compare":
         from dpscale.report import compare   # pandas and scipy: only now
         print(compare.compare(a.a, a.b))
+        return 0
+    if a.command == "export":
+        rows = export(a.dirs or [Path("reference")], a.to)
+        if a.to != "-":
+            print(f"wrote {rows} rows to {a.to}")
         return 0
     if a.command == "experiments":
         for e in registry.EXPERIMENTS.values():

@@ -71,13 +71,13 @@ def side_by_side(data: ReportData, experiment: str, strong: bool, key: str, titl
         cells = [str(k)]
         for m, v in cols:
             row = rows_of[(m.key, v)].get(k)
-            if row is None:
-                cells.append(Cell("not planned", "missing"))
+            if row is None:   # the CSV holds the book's figure, samples/s: empty without one
+                cells.append(Cell("not planned", "missing", raw=None))
             elif row["status"] != "ok":
-                cells.append(Cell(f"{row['status'].upper()}: {row['reason']}", row["status"].replace(" ", "")))
+                cells.append(Cell(f"{row['status'].upper()}: {row['reason']}", row["status"].replace(" ", ""), raw=None))
             else:
                 cells.append(Cell(book_form_scaling(m, row, strong).split(": ", 1)[1],
-                                  "book" if m.kind == "book" else ""))
+                                  "book" if m.kind == "book" else "", raw=row["samples_per_s"]))
         rows.append(cells)
     return Table(key, title, ["k"] + [f"{m.name} [{v}]" for m, v in cols], rows)
 
