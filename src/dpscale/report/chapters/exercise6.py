@@ -29,8 +29,9 @@ PERCENT = ("weak_efficiency", "weak_efficiency_lo", "weak_efficiency_hi", "weak_
 
 
 def percent(rows: list[dict]) -> list[dict]:
-    return [{k: (f"{100 * v:.1f}%" if k in PERCENT and isinstance(v, float) else v) for k, v in r.items()}
-            for r in rows]
+    """Fractions shown as percentages on the page; the CSV keeps the fraction."""
+    return [{k: (Cell(f"{100 * v:.1f}%", raw=v) if k in PERCENT and isinstance(v, float) else v)
+             for k, v in r.items()} for r in rows]
 
 
 def validation_text(f: dict) -> str:
