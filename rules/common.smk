@@ -6,7 +6,12 @@ import os
 import sys
 from pathlib import Path
 
-from dpscale.plan import config as dsconfig, fingerprint as dsfp, cluster as dscluster, specs
+from dpscale.plan import (
+    config as dsconfig,
+    fingerprint as dsfp,
+    cluster as dscluster,
+    specs,
+)
 from dpscale import data as dsdata, provenance, registry, results
 
 try:
