@@ -6,8 +6,13 @@ import os
 import sys
 from pathlib import Path
 
-from dpscale.plan import config as dsconfig, fingerprint as dsfp, cluster as dscluster, specs
-from dpscale import provenance, registry, results
+from dpscale.plan import (
+    config as dsconfig,
+    fingerprint as dsfp,
+    cluster as dscluster,
+    specs,
+)
+from dpscale import data as dsdata, provenance, registry, results
 
 try:
     FP = dsfp.load(config["hardware_file"]) if config["hardware_file"] else dsfp.probe()

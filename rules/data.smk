@@ -11,6 +11,9 @@ rule download:
         source=config["data"]["source"],
         mirrors=config["data"]["mirrors"],
         local_dir=config["data"]["local_dir"] or "",
+        # the folders holding the four files now (data.local_dir, Debian's package): installing
+        # the package after a synthetic fallback reruns the data stage, and what follows it
+        found=dsdata.local_candidates(config["data"]["local_dir"]),
         retries=config["data"]["retries"],
         timeout_s=config["data"]["timeout_s"],
     shell:

@@ -1,5 +1,6 @@
 # Every planned result -> the report (src/dpscale/report): report.html (self-contained,
-# opens from disk), report.md, figures (PNG + SVG), tables (CSV) and plan.json. The
+# opens from disk), report.md, figures (PNG + SVG), tables (CSV), results.csv (the
+# tidy table: one row per machine, result and metric) and plan.json. The
 # chapters declare their figures and tables (dpscale.report.chapters: light, nothing is
 # drawn at parse time); each output is wrapped in report() so that `snakemake --report`
 # shows it too, captioned by the same prose the HTML report uses. Reference machines
@@ -42,6 +43,8 @@ rule report:
             category="0. Report",
         ),
         md=f"{REPORT}/report.md",
+        # the tidy table: one row per machine, result and metric (dpscale.report.tidy)
+        results=f"{REPORT}/results.csv",
         plan=f"{REPORT}/plan.json",
         figures=[
             report(

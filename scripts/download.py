@@ -3,8 +3,11 @@
 
 Sources: download (mirrors in order, each file checked against its published
 md5, retried, written atomically; never falls back), local (the four .gz files
-from --local-dir), synthetic (a deterministic labelled stand-in), auto (download,
-falling back loudly to the stand-in). Provenance goes to ROOT/source.json.
+from --local-dir, each matching the published md5 of the .gz or of its unpacked
+bytes), synthetic (a deterministic labelled stand-in), auto (--local-dir, then
+Debian's dataset-fashion-mnist folder /usr/share/datasets/fashion-mnist, then the
+mirrors, falling back loudly to the stand-in). Provenance, with which check each
+file passed and the package it came from, goes to ROOT/source.json.
 """
 import sys
 from pathlib import Path
@@ -30,4 +33,5 @@ try:
 except DataError as e:
     logging.error("%s", e)
     sys.exit(1)
-logging.info("Fashion-MNIST ready: source=%s origin=%s", prov["source"], prov["origin"])
+logging.info("Fashion-MNIST ready: source=%s origin=%s package=%s checks=%s", prov["source"], prov["origin"],
+             prov.get("package"), sorted(set((prov.get("checks") or {}).values())))

@@ -142,7 +142,7 @@ def test_report_renders_in_chromium(fixture_report, tmp_path):
     exe = require_chromium()
     found = check_report(fixture_report, tmp_path, exe)
     assert_legible(found, len(figure_specs()))
-    for key in ("book_comparison", "status", "fingerprint", "weak_side", "allreduce", "k8_prediction", "plan"):
+    for key in ("book_comparison", "status", "fingerprint", "weak_side", "allreduce", "forecast", "plan"):
         assert key in found[900]["table_ids"], key
     assert found[900]["rows"] > 50
     for w in (900, 1400):

@@ -83,7 +83,8 @@ def test_corrupted_file_tries_next_mirror_then_fails_clearly(tmp_path, served_fi
 def test_no_server_falls_back_under_auto_and_fails_under_download(tmp_path, served_files, caplog):
     _, resources = served_files
     url = _closed_port_url()
-    prov = data.fetch(tmp_path / "auto", "auto", [url], retries=2, backoff_s=0, resources=resources)
+    prov = data.fetch(tmp_path / "auto", "auto", [url], retries=2, backoff_s=0, resources=resources,
+                      system_dirs=())
     assert prov["source"] == "synthetic" and "Connection refused" in prov["fallback_reason"]
     assert "SYNTHETIC STAND-IN" in caplog.text
     x = data.read_idx(data.raw_dir(tmp_path / "auto") / "train-images-idx3-ubyte")
@@ -98,6 +99,65 @@ def test_local_folder_is_checked(tmp_path, served_files):
         data.fetch(tmp_path, "local", [], local_dir=files)
     with pytest.raises(data.DataError, match="not a folder"):
         data.fetch(tmp_path, "local", [], local_dir=tmp_path / "nope")
+
+
+def _recompressed(src: Path, dest: Path, alter: str | None = None) -> dict:
+    """The four files as another packager ships them: the same bytes, gzipped anew
+    (another level, another header), so their .gz md5s differ. Returns the unpacked md5s."""
+    import gzip
+    import hashlib
+    dest.mkdir(parents=True, exist_ok=True)
+    unpacked = {}
+    for name, _ in data.RESOURCES:
+        body = gzip.decompress((src / name).read_bytes())
+        unpacked[name] = hashlib.md5(body).hexdigest()
+        if name == alter:
+            body = body[:-1] + bytes([body[-1] ^ 1])   # one bit of one pixel
+        (dest / name).write_bytes(gzip.compress(body, compresslevel=1, mtime=1234))
+    return unpacked
+
+
+def test_a_recompressed_copy_passes_by_its_unpacked_md5_and_an_altered_one_is_refused(tmp_path, served_files):
+    files, resources = served_files
+    unpacked = _recompressed(files, tmp_path / "repacked")
+    prov = data.fetch(tmp_path / "a", "local", [], local_dir=tmp_path / "repacked", resources=resources,
+                      unpacked=unpacked)
+    assert prov["source"] == "real" and set(prov["checks"].values()) == {"published unpacked md5 (recompressed .gz)"}
+    assert all(data.md5(tmp_path / "repacked" / n) != d for n, d in resources)   # the .gz md5s differ
+    _recompressed(files, tmp_path / "altered", alter="t10k-images-idx3-ubyte.gz")
+    with pytest.raises(data.DataError, match=r"altered/t10k-images-idx3-ubyte.gz: md5 .* not the published"):
+        data.fetch(tmp_path / "b", "local", [], local_dir=tmp_path / "altered", resources=resources,
+                   unpacked=unpacked)
+    assert not data.raw_dir(tmp_path / "b").exists() or not any(data.raw_dir(tmp_path / "b").iterdir())
+
+
+def test_auto_takes_a_local_copy_before_the_network_and_skips_a_bad_one(tmp_path, served_files):
+    files, resources = served_files
+    unpacked = _recompressed(files, tmp_path / "bad", alter="train-labels-idx1-ubyte.gz")
+    _recompressed(files, tmp_path / "good")
+    prov = data.fetch(tmp_path / "r", "auto", [_closed_port_url()], retries=1, backoff_s=0, resources=resources,
+                      unpacked=unpacked, local_dir=tmp_path / "bad", system_dirs=(str(tmp_path / "good"),))
+    assert prov["source"] == "real" and prov["origin"] == str(tmp_path / "good")
+    assert prov["rejected"][0]["folder"] == str(tmp_path / "bad") and "train-labels" in prov["rejected"][0]["reason"]
+    assert data.local_candidates(None, ()) == [] and data.local_candidates(tmp_path / "good", ()) == [str(tmp_path / "good")]
+
+
+DEBIAN = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.skipif(not DEBIAN.is_dir(), reason="Debian's dataset-fashion-mnist is not installed "
+                    "(apt-get install dataset-fashion-mnist; .ci/run installs it)")
+def test_debians_package_is_real_fashion_mnist_and_its_altered_copy_is_not(tmp_path):
+    """Files no one here wrote: Debian recompressed them, so only the unpacked md5s match."""
+    prov = data.fetch(tmp_path / "deb", "auto", [], local_dir=None)
+    assert prov["source"] == "real" and prov["origin"] == str(DEBIAN), prov
+    assert set(prov["checks"].values()) == {"published unpacked md5 (recompressed .gz)"}
+    assert prov["package"]["name"] == "dataset-fashion-mnist" and prov["package"]["version"]
+    y = data.read_idx(data.raw_dir(tmp_path / "deb") / "t10k-labels-idx1-ubyte")
+    assert y.shape == (10_000,) and np.bincount(y).tolist() == [1000] * 10
+    _recompressed(DEBIAN, tmp_path / "altered", alter="train-images-idx3-ubyte.gz")
+    with pytest.raises(data.DataError, match="train-images-idx3-ubyte.gz: md5"):
+        data.fetch(tmp_path / "x", "local", [], local_dir=tmp_path / "altered")
 
 
 def test_synthetic_is_deterministic_and_learnable():

@@ -29,7 +29,8 @@ def build_fixture(tmp: Path, **kw) -> dict:
     write_json_atomic(tmp / "results" / "fingerprint.json", CPU_FP)
     write_gpu_paper(tmp / "reference" / "h200x8")
     out = tmp / "results" / "report"
-    info = {"command": "snakemake --cores 2 report", "config_hash": "c0ffee", "resolved": {"ks": [1, 2, 4]}}
+    info = {"command": "snakemake --cores 2 report", "config_hash": "c0ffee",
+            "resolved": {"ks": [1, 2, 4], "forecast": {"bootstrap_draws": 20}}}
     summary = report.build(runs, tmp / "results" / "fingerprint.json", out, targets=targets,
                            references=[tmp / "reference"], book_path=BOOK, build_info=info, **kw)
     raw = (out / "report.html").read_text()
@@ -126,14 +127,38 @@ def test_headlines_compare_like_with_like(built):
 
 def test_intervals_in_tables(built):
     rows = [r for r in rows_of(built, "scaling") if r["machine"].startswith("this run") and r["status"] == "ok"]
-    assert rows and all(re.fullmatch(r"\[[\d.,]+, [\d.,]+\]", r["interval"]) for r in rows)
+    assert rows and all(float(r["interval_lo"]) <= float(r["mean"]) <= float(r["interval_hi"]) for r in rows)
     k2 = [r for r in rows if r["k"] == "2" and r["experiment"] == "ddp_weak" and r["variant"] == "seed"][0]
-    assert k2["repeats"] == "3" and k2["speedup_interval"].startswith("[") and k2["efficiency_interval"].startswith("[")
+    assert k2["repeats"] == "3" and float(k2["speedup_interval_lo"]) < float(k2["speedup"]) < float(k2["speedup_interval_hi"])
+    assert float(k2["efficiency_interval_lo"]) < float(k2["efficiency"]) < float(k2["efficiency_interval_hi"]) < 2
+    assert k2["covers"] == k2["ratio_covers"] == "timed epochs within one launch"   # what each interval covers
+    assert k2["ratio_method"].startswith("Fieller") and "over timed epochs within one launch" in \
+        built["summary"]["headlines"]["scaling_weak"]
     probe = [r for r in rows_of(built, "comm_probe") if r["machine"].startswith("this run")][0]
-    assert probe["comm_interval"].startswith("[") and "distinguishable from 0" in probe["verdict"]
+    assert float(probe["comm_interval_lo"]) < float(probe["comm_ms"]) and "distinguishable from 0" in probe["verdict"]
     noise = rows_of(built, "noise")
     assert {r["experiment"] for r in noise} >= {"ddp_weak", "ddp_strong", "jax_weak", "ddp_comm_probe", "allreduce"}
-    assert all(r["cv"].endswith("%") for r in noise)
+    assert all(0 <= float(r["cv"]) < 1 for r in noise)
+    # the page shows them formatted
+    assert re.search(r"\[[\d.,]+, [\d.,]+\]", built["md"]) and "%" in built["md"]
+
+
+def test_csv_tables_hold_numbers_not_display_strings(built):
+    import pandas as pd
+    frames = {key: pd.read_csv(built["out"] / "tables" / f"{key}.csv") for key in csv_tables()}
+    for key, df in frames.items():
+        text = df.select_dtypes(exclude="number").astype(str)
+        assert not text.isin(["–"]).any().any(), f"{key}.csv holds '–' for a missing number"
+    numeric = {"scaling": ["samples_per_s", "mean", "interval_lo", "interval_hi", "speedup", "efficiency",
+                           "efficiency_interval_hi", "mfu"],
+               "allreduce": ["size_B", "count", "ip_busbw_GBps"], "comm_probe": ["comm_ms", "comm_interval_lo"],
+               "noise": ["cv"], "forecast": ["weak_efficiency", "weak_efficiency_lo", "weak_efficiency_hi"],
+               "weak_side": [c for c in frames["weak_side"].columns if c != "k"]}
+    for key, cols in numeric.items():
+        for col in cols:
+            assert pd.api.types.is_float_dtype(frames[key][col]) or pd.api.types.is_integer_dtype(frames[key][col]), \
+                f"{key}.csv: {col} reads as {frames[key][col].dtype}"
+    assert frames["allreduce"]["size_B"].max() > 1_000_000   # "1,048,576" read as a number
 
 
 def test_allreduce_table_as_nccl_tests_prints_it(built):
@@ -148,11 +173,17 @@ def test_tuned_headline(built):
     assert "h200x8 k=1: DDP 20,000 (4.0x), MFU 0.34; JAX 23,000 (2.1x), MFU 0.39" in head, head
 
 
-def test_k8_prediction_matches_cost_model(built):
-    book = [r for r in rows_of(built, "k8_prediction") if r["machine"].startswith("book")][0]
-    pred = costmodel.weak_efficiency_k({2: 3706 / 2106 / 2, 4: 6921 / 2106 / 4}, 8)
-    assert book["predicted_flat"] == f"{100 * pred['flat']:.1f}%"
-    assert book["predicted_ring"] == f"{100 * pred['ring']:.1f}%"
+def test_forecast_tables_and_json(built):
+    """The forecast chapter: the book's k=4 predicted from its k <= 2 in the validation
+    table (within 5 points, as analysis.forecast_data computes it), a grid to 16 nodes
+    of 8 per machine with a band, and the same records in forecast.json."""
+    book = [r for r in rows_of(built, "forecast_validation") if r["machine"].startswith("book") and r["k"] == "4"]
+    assert {(r["framework"], r["scaling"]) for r in book} == {("ddp", "weak"), ("ddp", "strong"), ("jax", "weak")}
+    assert all(abs(float(r["error_points"])) < 5 for r in book), book
+    grid = [r for r in rows_of(built, "forecast") if r["machine"].startswith("book") and r["variant"] == "seed"]
+    assert [int(r["k"]) for r in grid][-1] == 128 and 0 < float(grid[-1]["weak_efficiency_lo"]) <= 1
+    record = json.loads((built["out"] / "forecast.json").read_text())
+    assert record["settings"]["internode_GBps"] > 0 and len(record["machines"]) >= 2
 
 
 def test_committed_h200x2_counts_its_plan(tmp_path):
@@ -234,3 +265,11 @@ def test_figures_draw_their_intervals_as_error_bars(built):
         assert _has(times, row["bytes"] / 2**20, bw / hi, bw / lo)
     import matplotlib.pyplot as plt
     plt.close("all")
+
+
+def test_report_writes_the_tidy_table(built):
+    import pandas as pd
+    df = pd.read_csv(built["out"] / "results.csv")
+    assert all(df[c].dtype == "float64" for c in ("value", "ci_lo", "ci_hi"))
+    assert set(df.machine) == {"this run", "h200x8"}   # the measured machines, not the book
+    assert len(df) > 50

@@ -59,6 +59,7 @@ def test_spread_fields_over_repeats():
     assert (f["samples_per_s_min"], f["samples_per_s_max"], f["samples_per_s_mean"]) == (90.0, 110.0, 100.0)
     lo, hi = f["samples_per_s_ci95"]
     assert lo == pytest.approx(100 - 4.303 * 10 / 3 ** 0.5, abs=0.01) and hi == pytest.approx(200 - lo)
+    assert f["samples_per_s_ci95_covers"] == "timed epochs within one launch"
     assert timing.spread_fields("x", [1.0])["x_ci95"] == [None, None]
 
 

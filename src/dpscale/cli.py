@@ -2,6 +2,10 @@
 
     dpscale keep NAME         keep this machine's results as reference/NAME/, to compare later
     dpscale experiments       list the experiments the registry declares
+    dpscale forecast [DIR ...]  the scaling forecast (to 16 nodes, with band and knee) and its
+                              validation against every measured k, from kept results
+    dpscale compare A B       machine B against machine A (kept folders), ratios with intervals
+    dpscale export [DIR ...]  the tidy results table (results.csv) of kept machines
 
 `keep` copies what a later report needs to set this machine beside another:
 results/runs/, results/fingerprint.json, results/model/, the plan the last report was
@@ -22,6 +26,17 @@ from pathlib import Path
 from dpscale import registry
 
 NAME_OK = "letters, digits, '-', '_' and '.'"
+ROOT = Path(__file__).resolve().parents[2]
+COMPARE_HELP = """Machine B against machine A, like for like: for every (experiment, variant, k) that
+both kept folders (<dir>/runs/<experiment>/<variant>/k<k>.json, as `dpscale keep` writes
+them) hold with status ok, one row per metric both carry (samples_per_s; the all-reduce's
+busbw_GBps_64MiB and avg_busbw_GBps): A, B, and B/A with its 95% interval computed on
+the ratio (Fieller's; the two machines' samples are independent) and what the interval
+covers: independent launches (samples_per_s_launches) or the timed epochs within one
+launch (samples_per_s_repeats). A result with one number (no repeats) gives B/A with no
+interval, and its note says so; a note also names protocol keys that differ.
+
+example: dpscale compare reference/h200 reference/h200x2"""
 
 
 def _copy(src: Path, dest: Path) -> None:
@@ -63,7 +78,79 @@ def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
     return target
 
 
-def main(argv: list[str] | None = None) -> int:
+def add_forecast_parser(sub) -> None:
+    f = sub.add_parser("forecast", help="print the scaling forecast and its validation from kept results")
+    f.add_argument("dirs", nargs="*", type=Path, help="machine folders, each with runs/ and fingerprint.json "
+                   "(reference/NAME, or results/ of a run); default: every folder under reference/")
+    f.add_argument("--book", type=Path, default=ROOT / "reference" / "book_4090.yaml",
+                   help="the book's numbers, one more machine (default: reference/book_4090.yaml)")
+    f.add_argument("--no-book", action="store_true", help="leave the book out")
+    f.add_argument("--json", type=Path, default=None, help="also write the forecast JSON here")
+    for key, kind, what in (("internode_GBps", float, "GB/s into the fabric between nodes, per node"),
+                            ("internode_alpha_us", float, "latency between nodes, us"),
+                            ("gpus_per_node", int, "devices per node"), ("max_nodes", int, "most nodes"),
+                            ("knee_efficiency", float, "efficiency threshold of the knee"),
+                            ("bootstrap_draws", int, "bootstrap draws of the band")):
+        f.add_argument(f"--{key.replace('_', '-')}", dest=key, type=kind, default=None,
+                       help=f"{what} (default: schemas/config.schema.yaml forecast.{key})")
+
+
+def forecast(a) -> int:
+    from dpscale.report import book as bookmod, forecast as fcr
+    from dpscale.report.machines import load_reference, reference_folders
+    dirs = a.dirs or reference_folders([ROOT / "reference"])
+    bad = [d for d in dirs if not (Path(d) / "runs").is_dir()]
+    if bad:
+        raise SystemExit(f"dpscale forecast: {bad[0]} has no runs/ folder; pass a folder kept by `dpscale keep` "
+                         "(reference/NAME) or a run's results/")
+    machines = [load_reference(Path(d)) for d in dirs]
+    book = None if a.no_book else bookmod.load(a.book)
+    machines += [book] if book else []
+    cfg = fcr.settings(None, **{k: getattr(a, k) for k in ("internode_GBps", "internode_alpha_us", "gpus_per_node",
+                                                          "max_nodes", "knee_efficiency", "bootstrap_draws")})
+    forecasts = [fcr.of_machine(m, machines, cfg) for m in machines]
+    print(fcr.text(forecasts))
+    if a.json:
+        fcr.write(a.json, forecasts)
+        print(f"\nwrote {a.json}")
+    return 0
+EXPORT_HELP = """\
+Write the tidy results table of kept machines: one row per (machine, experiment,
+variant, k, metric) with unit, value, ci_lo, ci_hi (numbers; empty where none), n,
+what the interval covers, status, data source and commit (dpscale.report.tidy; the
+report writes the same table as results/report/results.csv).
+
+  dpscale export                                  every machine under ./reference
+  dpscale export reference/h200 reference/h200x2 --to h200s.csv
+  dpscale export --to - | head                    to standard output
+
+Read it with pandas.read_csv: value, ci_lo and ci_hi come back as float64."""
+
+
+def export(dirs: list[Path], to: str) -> int:
+    """The tidy table of the machines kept in `dirs` (reference/<name>/ folders, or
+    folders of them) to the file `to` ('-': standard output). Returns the row count."""
+    from dpscale.report import machines, tidy   # pandas: only here
+    folders = []
+    for d in dirs:
+        if not d.is_dir():
+            raise SystemExit(f"dpscale export: {d} is not a folder; name a kept machine (reference/NAME) "
+                             "or a folder of them (reference)")
+        found = [d] if (d / "runs").is_dir() else machines.reference_folders([d])
+        if not found:
+            raise SystemExit(f"dpscale export: {d} holds no kept machine (no runs/ in it or in its "
+                             "sub-folders); keep one with `dpscale keep NAME`")
+        folders += found
+    kept = [machines.load_reference(f) for f in dict.fromkeys(folders)]
+    df = tidy.table(kept)
+    if to == "-":
+        sys.stdout.write(df.to_csv(index=False))
+    else:
+        tidy.write(kept, to)
+    return len(df)
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dpscale", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -73,7 +160,34 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--to", type=Path, default=None, help="the reference folder (default: <workdir>/reference)")
     k.add_argument("--force", action="store_true", help="replace an existing reference/NAME/")
     sub.add_parser("experiments", help="list the experiments (src/dpscale/registry.py)")
+    add_forecast_parser(sub)
+    c = sub.add_parser("compare", help="print B/A for every point both kept machines measured, with 95%% intervals",
+                       description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("a", type=Path, help="machine A, the denominator: a kept folder, e.g. reference/h200")
+    c.add_argument("b", type=Path, help="machine B, the numerator: a kept folder, e.g. reference/h200x2")
+    x = sub.add_parser("export", help="write the tidy results table (CSV) of kept machines",
+                       description=EXPORT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    x.add_argument("dirs", nargs="*", type=Path, metavar="DIR",
+                   help="a kept machine (reference/NAME) or a folder of them (default: ./reference)")
+    x.add_argument("--to", default="results.csv",
+                   help="the CSV file to write, '-' for standard output (default: %(default)s)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     a = ap.parse_args(argv)
+    if a.command == "forecast":
+        return forecast(a)
+    if a.command == "compare":
+        from dpscale.report import compare   # pandas and scipy: only now
+        print(compare.compare(a.a, a.b))
+        return 0
+    if a.command == "export":
+        rows = export(a.dirs or [Path("reference")], a.to)
+        if a.to != "-":
+            print(f"wrote {rows} rows to {a.to}")
+        return 0
     if a.command == "experiments":
         for e in registry.EXPERIMENTS.values():
             variants = "|".join(e.variant_names())

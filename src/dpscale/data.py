@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from dpscale.results import utc_now, write_atomic, write_json_atomic
 
 log = logging.getLogger("dpscale.data")
+# numpy is imported inside the functions that need it: the workflow imports this module
+# when it is parsed (the download rule's params), and parsing stays light.
 
 # (file, md5) as published by the dataset (github.com/zalandoresearch/fashion-mnist)
 # and carried by torchvision.datasets.FashionMNIST.resources.
@@ -36,6 +36,18 @@ RESOURCES = (
     ("t10k-images-idx3-ubyte.gz", "bef4ecab320f06d8554ea6380940ec79"),
     ("t10k-labels-idx1-ubyte.gz", "bb300cfdad3c16e7a12a480ee83cd310"),
 )
+# md5 of each file's unpacked bytes, as published beside the .gz ones. A packager that
+# recompresses the files (Debian's dataset-fashion-mnist does) changes the .gz md5 and
+# keeps these: a file is accepted when either matches.
+UNPACKED_MD5 = {
+    "train-images-idx3-ubyte.gz": "f4a8712d7a061bf5bd6d2ca38dc4d50a",
+    "train-labels-idx1-ubyte.gz": "9018921c3c673c538a1fc5bad174d6f9",
+    "t10k-images-idx3-ubyte.gz": "8181f5470baa50b63fa0f6fddb340f0a",
+    "t10k-labels-idx1-ubyte.gz": "15d484375f8d13e6eb1aabb0c3f46965",
+}
+# Folders where a system package puts the four files (Debian/Ubuntu: apt-get install
+# dataset-fashion-mnist). data.source auto looks here, and in data.local_dir, first.
+SYSTEM_DIRS = ("/usr/share/datasets/fashion-mnist",)
 SPLITS = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", 60_000),
           "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", 10_000)}
 CLASSES = 10
@@ -121,22 +133,86 @@ def _fetch_one(url, dest: Path, name, digest, retries, backoff_s, errors, downlo
     return False
 
 
-def copy_local(root, local_dir) -> None:
-    """Take the four .gz files from a folder, checked against the published md5."""
+def check_file(path: Path, published_md5: str, unpacked_md5: str | None) -> str:
+    """Which published checksum a .gz file matches: its own md5, or (recompressed by a
+    packager) the md5 of its unpacked bytes. Neither: DataError naming the file."""
+    if (got := md5(path)) == published_md5:
+        return "published .gz md5"
+    try:
+        h = hashlib.md5()
+        with gzip.open(path, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+        inner = h.hexdigest()
+    except (OSError, EOFError) as e:
+        inner = f"unreadable ({e})"
+    if unpacked_md5 and inner == unpacked_md5:
+        return "published unpacked md5 (recompressed .gz)"
+    raise DataError(f"{path}: md5 {got} is not the published {published_md5}, and its unpacked "
+                    f"content's md5 {inner} is not the published {unpacked_md5}: the file is "
+                    "corrupted, altered or not Fashion-MNIST. Reinstall or re-download it, or point "
+                    "data.local_dir elsewhere.")
+
+
+def copy_local(root, local_dir, resources=RESOURCES, unpacked=UNPACKED_MD5) -> dict:
+    """Take the four .gz files from a folder, each checked against a published md5
+    (check_file). Returns {file: which check passed}."""
     local_dir, dest = Path(local_dir), raw_dir(root)
     if not local_dir.is_dir():
         raise DataError(f"data.local_dir: {local_dir} is not a folder; it must hold "
-                        + ", ".join(n for n, _ in RESOURCES))
-    dest.mkdir(parents=True, exist_ok=True)
-    for name, digest in RESOURCES:
+                        + ", ".join(n for n, _ in resources))
+    checks = {}
+    for name, digest in resources:
         src = local_dir / name
         if not src.is_file():
             raise DataError(f"data.local_dir: {src} is missing")
-        if (got := md5(src)) != digest:
-            raise DataError(f"data.local_dir: {src} has md5 {got}, the published one is {digest}; "
-                            "the file is corrupted or not Fashion-MNIST")
-        with open(src, "rb") as f:
+        checks[name] = check_file(src, digest, unpacked.get(name))
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, _ in resources:   # only once all four passed: never a mix
+        with open(local_dir / name, "rb") as f:
             write_atomic(dest / name, f.read())
+    return checks
+
+
+def local_candidates(local_dir=None, system_dirs=SYSTEM_DIRS, resources=RESOURCES) -> list[str]:
+    """Folders holding all four files, in the order source auto tries them: the
+    configured data.local_dir, then a system package's folder. Cheap (no reads): the
+    download rule's params, so installing the package reruns the data stage."""
+    dirs = [str(local_dir)] if local_dir else []
+    dirs += [d for d in system_dirs if d not in dirs]
+    return [d for d in dirs if all((Path(d) / n).is_file() for n, _ in resources)]
+
+
+def system_package(folder) -> dict | None:
+    """The Debian package (name, version) that installed the files in `folder`, if any."""
+    import subprocess
+    try:
+        owner = subprocess.run(["dpkg-query", "-S", str(Path(folder) / RESOURCES[0][0])],
+                               capture_output=True, text=True, timeout=10)
+        if owner.returncode:
+            return None
+        name = owner.stdout.split(":", 1)[0].strip()
+        ver = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", name],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {"manager": "dpkg", "name": name, "version": ver.stdout.strip() or None}
+
+
+def _from_folders(root, folders: list[str], resources, unpacked) -> dict | None:
+    """source auto: the first folder whose four files pass; a rejected folder is said
+    loudly and recorded, then the next is tried."""
+    rejected = []
+    for folder in folders:
+        try:
+            checks = copy_local(root, folder, resources, unpacked)
+        except DataError as e:
+            log.error("Fashion-MNIST in %s refused: %s", folder, e)
+            rejected.append({"folder": folder, "reason": str(e)})
+            continue
+        return {"source": "real", "origin": folder, "checks": checks, "package": system_package(folder),
+                **({"rejected": rejected} if rejected else {})}
+    return {"rejected": rejected} if rejected else None
 
 
 # ---------------------------------------------------------------- IDX format
@@ -144,6 +220,7 @@ def copy_local(root, local_dir) -> None:
 def write_idx_gz(path, array: np.ndarray) -> None:
     """IDX (the MNIST format): magic 0x0000_08_<ndim>, big-endian dims, uint8 data.
     gzip with mtime=0 so the same array always gives the same bytes (checksums)."""
+    import numpy as np
     array = np.ascontiguousarray(array, dtype=np.uint8)
     header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
     buf = io.BytesIO()
@@ -153,6 +230,7 @@ def write_idx_gz(path, array: np.ndarray) -> None:
 
 
 def read_idx(path) -> np.ndarray:
+    import numpy as np
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
@@ -184,6 +262,7 @@ def synthetic(n: int, seed: int, size: int = 28) -> tuple[np.ndarray, np.ndarray
     """A deterministic labelled stand-in with class structure a network can learn:
     each class is a smooth random template; samples are shifted, contrast-jittered,
     noisy copies of their class's template. Same shapes and dtype as the real set."""
+    import numpy as np
     rng = np.random.default_rng(seed)
     tmpl_rng = np.random.default_rng(12345)  # templates identical for train and test
     yy, xx = np.mgrid[0:size, 0:size] / size
@@ -223,34 +302,27 @@ def write_synthetic(root) -> None:
 # ---------------------------------------------------------------- the rule
 
 def fetch(root, source: str, mirrors: list[str], local_dir=None, retries: int = 3,
-          timeout_s: float = 30.0, backoff_s: float = 1.0, resources=RESOURCES) -> dict:
+          timeout_s: float = 30.0, backoff_s: float = 1.0, resources=RESOURCES,
+          unpacked=UNPACKED_MD5, system_dirs=SYSTEM_DIRS) -> dict:
     """Materialise the raw dataset under `root` and return its provenance.
 
-    source: download (never falls back), local, synthetic, or auto (download, and
-    on failure the synthetic stand-in, said loudly here and in every result)."""
+    source: download (never falls back), local (data.local_dir), synthetic, or auto:
+    data.local_dir and a system package's folder (SYSTEM_DIRS) first, then the mirrors,
+    and on failure the synthetic stand-in, said loudly here and in every result."""
     root = Path(root)
     prov = {"requested": source, "created_utc": utc_now()}
     if source == "local":
-        copy_local(root, local_dir)
-        prov.update(source="local", origin=str(local_dir))
+        checks = copy_local(root, local_dir, resources, unpacked)
+        prov.update(source="real", origin=str(local_dir), checks=checks, package=system_package(local_dir))
     elif source == "synthetic":
         write_synthetic(root)
         prov.update(source="synthetic", origin="dpscale.data.synthetic (seeds 0, 1)")
     elif source in ("download", "auto"):
-        try:
-            used = download(root, mirrors, retries=retries, timeout_s=timeout_s,
-                            backoff_s=backoff_s, resources=resources)
-            prov.update(source="real", origin=sorted(set(used)))
-        except DataError as e:
-            if source == "download":
-                raise
-            banner = "!" * 78
-            log.error("%s\nNO MIRROR SERVED FASHION-MNIST: using the SYNTHETIC STAND-IN.\n"
-                      "Every number built from it says data.source=synthetic. Reason:\n%s\n%s",
-                      banner, e, banner)
-            write_synthetic(root)
-            prov.update(source="synthetic", origin="fallback: no mirror answered",
-                        fallback_reason=str(e))
+        found = _from_folders(root, local_candidates(local_dir, system_dirs, resources), resources, unpacked) \
+            if source == "auto" else None
+        prov.update(found or {})
+        if not found or "source" not in found:
+            prov.update(_download_or_standin(root, source, mirrors, retries, timeout_s, backoff_s, resources))
     else:
         raise DataError(f"data.source: {source!r} is not one of auto, download, local, synthetic")
     unpack(root)
@@ -261,12 +333,31 @@ def fetch(root, source: str, mirrors: list[str], local_dir=None, retries: int = 
     return prov
 
 
+def _download_or_standin(root, source, mirrors, retries, timeout_s, backoff_s, resources) -> dict:
+    try:
+        used = download(root, mirrors, retries=retries, timeout_s=timeout_s,
+                        backoff_s=backoff_s, resources=resources)
+        return {"source": "real", "origin": sorted(set(used)),
+                "checks": {name: "published .gz md5" for name, _ in resources}}
+    except DataError as e:
+        if source == "download":
+            raise
+        banner = "!" * 78
+        log.error("%s\nNO MIRROR SERVED FASHION-MNIST: using the SYNTHETIC STAND-IN.\n"
+                  "Every number built from it says data.source=synthetic. Reason:\n%s\n%s",
+                  banner, e, banner)
+        write_synthetic(root)
+        return {"source": "synthetic", "origin": "fallback: no local copy, no mirror answered",
+                "fallback_reason": str(e)}
+
+
 # ---------------------------------------------------------------- resize cache
 
 def resize_split(images: np.ndarray, size: int) -> np.ndarray:
     """The seed's transform, applied once: torchvision Resize on PIL images
     (bilinear, antialiased), kept as uint8. ToTensor's /255 is done by the reader,
     so cached batches equal the seed DataLoader's bit for bit."""
+    import numpy as np
     from PIL import Image
     from torchvision import transforms
     tf = transforms.Resize(size)
@@ -295,6 +386,7 @@ def verify_raw(root) -> dict:
 
 
 def build_cache(root, size: int, out_npz, out_json) -> dict:
+    import numpy as np
     root = Path(root)
     prov = verify_raw(root)
     arrays = {}
@@ -307,6 +399,7 @@ def build_cache(root, size: int, out_npz, out_json) -> dict:
 
 def write_cache(arrays: dict, prov: dict, out_npz, out_json) -> dict:
     """The .npz atomically, then its sha256 and provenance beside it."""
+    import numpy as np
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     write_atomic(out_npz, buf.getvalue())
@@ -320,6 +413,7 @@ def write_cache(arrays: dict, prov: dict, out_npz, out_json) -> dict:
 
 def load_cache(npz, meta_json, verify: bool = True) -> tuple[dict, dict]:
     """Read the resize cache, checking it against the checksum recorded beside it."""
+    import numpy as np
     npz, meta_json = Path(npz), Path(meta_json)
     try:
         meta = json.loads(meta_json.read_text())

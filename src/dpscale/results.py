@@ -4,11 +4,14 @@ Every artifact holds `experiment`, `variant`, `k`, `status` (ok | hung | failed 
 skipped, with `reason` when not ok), `metrics` (names carry units), `config`,
 `fingerprint`, `backend`, `data` (provenance), UTC timestamps and, from a measurement,
 `code` (the dpscale version, git commit and dirty flag, and the digest of the
-experiment's modules: dpscale.provenance).
+experiment's modules: dpscale.provenance). schemas/result.schema.yaml publishes the
+contract; make_result checks every result against it before anything writes one, and
+load_result every result it reads (jsonschema: a dependency, as Snakemake's own).
 """
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import tempfile
@@ -21,6 +24,7 @@ STATUSES = ("ok", "hung", "failed", "skipped")
 
 REQUIRED = ("experiment", "variant", "k", "status", "metrics", "config",
             "fingerprint", "backend", "started_utc", "finished_utc")
+SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "result.schema.yaml"
 
 
 def utc_now() -> str:
@@ -80,7 +84,31 @@ def make_result(*, experiment: str, variant: str, k: int, status: str,
         "started_utc": started_utc or utc_now(), "finished_utc": utc_now(),
     }
     out.update(extra)
+    check_schema(json.loads(json.dumps(out, default=_jsonable)), f"{experiment}/{variant}/k{k}")
     return out
+
+
+@functools.cache
+def _validator():
+    import jsonschema   # imported on first use: the workflow's parse stays light
+    import yaml
+    schema = yaml.safe_load(SCHEMA.read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def check_schema(obj: dict, where: str = "result") -> dict:
+    """Check `obj` against schemas/result.schema.yaml; raise ValueError with one line:
+    where, the key's path, what is wrong and the schema's word on what belongs there."""
+    import jsonschema
+    error = jsonschema.exceptions.best_match(_validator().iter_errors(obj))
+    if error is None:
+        return obj
+    path = ".".join(str(p) for p in error.absolute_path) or "top level"
+    hint = error.schema.get("description") if isinstance(error.schema, dict) and error.absolute_path else None
+    hint = f"; {' '.join(hint.split())}" if hint else ""
+    raise ValueError(f"{where}: {path}: {error.message}{hint} (schemas/result.schema.yaml)")
 
 
 def validate_result(obj: dict, where: str = "result") -> dict:
@@ -96,7 +124,7 @@ def validate_result(obj: dict, where: str = "result") -> dict:
         raise ValueError(f"{where}: status {obj['status']!r} without a reason")
     if not isinstance(obj["metrics"], dict):
         raise ValueError(f"{where}: metrics must be an object")
-    return obj
+    return check_schema(obj, where)
 
 
 def load_result(path: str | os.PathLike) -> dict:

@@ -1,109 +1,130 @@
-"""The spread of a number, defined once for the workers and the report.
+"""The spread of a number, defined once for the workers and the report, on scipy.stats.
 
 - interval(xs): median, min, max and a 95% interval for the mean over repeats
-  (Student's t: few repeats, an honest width; n = 3 multiplies the standard error
-  by 4.30, not 1.96).
+  (Student's t, scipy.stats.t: few repeats, an honest width; n = 3 multiplies the
+  standard error by 4.30, not 1.96).
 - median_interval(xs): the median with a distribution-free 95% interval from
-  order statistics (the sign test's), for paired differences, which can be skewed.
-- ratio_interval(a, b): a / b with both ends propagated (the conservative
-  [a_lo / b_hi, a_hi / b_lo]), for speedups and efficiencies.
+  order statistics (the sign test's, scipy.stats.binom), for paired differences,
+  which can be skewed.
+- ratio_ci(num, den): a ratio of two means (a speedup, an efficiency, machine B
+  over machine A) with a 95% interval computed on the ratio itself: Fieller's
+  interval, paired (per launch or repeat index) or for two independent samples.
+  Never the ends of two intervals divided: that interval covers the true ratio far
+  more often than it says (tests/test_stats.py shows both by simulation).
 
-Pure Python (math only): the report imports it on machines without numpy's
-favourite friends, and no quantile is typed in: t comes from its distribution.
+Every interval says what its samples cover (`covers`): timed epochs within one
+launch, or independent launches. An interval over epochs of one process leaves out
+what changes from one launch to the next (NCCL's choices, clocks, placement).
 """
 from __future__ import annotations
 
 import math
 import statistics
 
+# numpy and scipy load on first use: the Snakefile imports the report's chapter list
+# (and so this module) when it parses, which must stay light (tests/test_structure.py)
 LEVEL = 0.95
+WITHIN = "timed epochs within one launch"
+ACROSS = "independent launches"
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularised incomplete beta (modified Lentz)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1, a - 1
-    c, d = 1.0, 1 - qab * x / qap
-    d = 1 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1 + aa * d
-            d = 1 / (d if abs(d) > tiny else tiny)
-            c = 1 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1) < 1e-14:
-            break
-    return h
-
-
-def _betai(a: float, b: float, x: float) -> float:
-    if x <= 0:
-        return 0.0
-    if x >= 1:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1) / (a + b + 2):
-        return front * _betacf(a, b, x) / a
-    return 1 - front * _betacf(b, a, 1 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    tail = 0.5 * _betai(df / 2, 0.5, df / (df + t * t))
-    return 1 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """Inverse of t_cdf by bisection (p in (0.5, 1))."""
-    lo, hi = 0.0, 1e3
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
-def interval(xs: list[float], level: float = LEVEL) -> dict:
+def interval(xs: list[float], level: float = LEVEL, covers: str = "") -> dict:
     """Median, min, max, mean and its Student-t interval; cv = stdev / mean."""
     xs = [float(x) for x in xs]
     n = len(xs)
     out = {"n": n, "median": statistics.median(xs) if xs else None, "min": min(xs, default=None),
            "max": max(xs, default=None), "mean": statistics.fmean(xs) if xs else None,
-           "ci_lo": None, "ci_hi": None, "cv": None, "level": level}
+           "ci_lo": None, "ci_hi": None, "cv": None, "level": level, "covers": covers}
     if n >= 2:
+        from scipy import stats as sps
         sd = statistics.stdev(xs)
-        half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+        half = float(sps.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
         out.update(ci_lo=out["mean"] - half, ci_hi=out["mean"] + half,
                    cv=sd / out["mean"] if out["mean"] else None)
     return out
 
 
 def median_interval(xs: list[float], level: float = LEVEL) -> dict:
-    """The median with the widest-coverage-first order-statistic interval whose
-    coverage is at least `level` (binomial, p = 1/2); ends are None below 6 values."""
+    """The median with the narrowest order-statistic interval [X_(j), X_(n+1-j)] whose
+    coverage, 1 - 2 P(Binom(n, 1/2) <= j - 1), is at least `level`; ends are None
+    below 6 values (no such j exists)."""
     s = sorted(float(x) for x in xs)
     n = len(s)
     out = {"n": n, "median": statistics.median(s) if s else None, "ci_lo": None, "ci_hi": None,
            "coverage": None}
-    # the largest j with P(X_(j) <= median <= X_(n+1-j)) >= level, X_(i) the order statistics
-    best = None
-    for j in range(1, n // 2 + 1):
-        cover = 1 - 2 * sum(math.comb(n, i) for i in range(j)) / 2 ** n
-        if cover >= level:
-            best = (j, cover)
-    if best:
-        j, cover = best
-        out.update(ci_lo=s[j - 1], ci_hi=s[n - j], coverage=cover)
+    if n == 0:
+        return out
+    import numpy as np
+    from scipy import stats as sps
+    j = np.arange(1, n // 2 + 1)
+    cover = 1 - 2 * sps.binom.cdf(j - 1, n, 0.5)
+    ok = j[cover >= level]
+    if ok.size:
+        jj = int(ok.max())
+        out.update(ci_lo=s[jj - 1], ci_hi=s[n - jj], coverage=float(cover[jj - 1]))
     return out
 
 
-def ratio_interval(a: float, a_lo: float | None, a_hi: float | None,
-                   b: float, b_lo: float | None, b_hi: float | None) -> tuple[float, float | None, float | None]:
-    """a / b, and its interval from both ends: [a_lo / b_hi, a_hi / b_lo]."""
-    r = a / b
-    if None in (a_lo, a_hi, b_lo, b_hi) or b_lo <= 0:
-        return r, None, None
-    return r, a_lo / b_hi, a_hi / b_lo
+def fieller(a: float, b: float, va: float, vb: float, cov: float, df: float,
+            level: float = LEVEL) -> tuple[float | None, float | None]:
+    """Fieller's interval for a / b, where a and b are estimates with variances va, vb
+    and covariance cov: the theta with (a - theta b)^2 <= t^2 var(a - theta b).
+    (None, None) when b is not distinguishable from 0 (the set is unbounded)."""
+    from scipy import stats as sps
+    t2 = float(sps.t.ppf(0.5 + level / 2, df)) ** 2
+    qa, qb, qc = b * b - t2 * vb, -2 * (a * b - t2 * cov), a * a - t2 * va
+    disc = qb * qb - 4 * qa * qc
+    if qa <= 0 or disc < 0:
+        return None, None
+    root = math.sqrt(disc)
+    return (-qb - root) / (2 * qa), (-qb + root) / (2 * qa)
+
+
+def _welch_df(va: float, vb: float, na: int, nb: int, theta: float) -> float:
+    """Welch-Satterthwaite degrees of freedom of var(a - theta b) for independent samples."""
+    num = (va + theta * theta * vb) ** 2
+    den = va * va / (na - 1) + theta ** 4 * vb * vb / (nb - 1)
+    return num / den if den > 0 else float(na + nb - 2)
+
+
+def ratio_ci(num_samples, den_samples, paired: bool = False, level: float = LEVEL, scale: float = 1.0,
+             covers: str = "") -> dict:
+    """mean(num) / mean(den) * scale, and its `level` interval computed on the ratio.
+
+    paired: sample i of each comes from the same launch (or repeat index): Fieller
+    with their covariance, n - 1 degrees of freedom. Otherwise the two samples are
+    independent: Fieller with Welch's degrees of freedom. Without at least two samples
+    on each side (or two pairs) the ratio has no interval, and `method` says why."""
+    import numpy as np
+    a_s, b_s = np.asarray(num_samples, float), np.asarray(den_samples, float)
+    if paired and a_s.size != b_s.size:
+        raise ValueError(f"ratio_ci: paired samples differ in length ({a_s.size} vs {b_s.size})")
+    out = {"value": None, "ci_lo": None, "ci_hi": None, "n": [int(a_s.size), int(b_s.size)],
+           "method": "", "covers": covers, "level": level}
+    if not a_s.size or not b_s.size or b_s.mean() == 0:
+        out["method"] = "no ratio: a side has no sample or a zero mean"
+        return out
+    a, b = float(a_s.mean()), float(b_s.mean())
+    out["value"] = scale * a / b
+    if min(a_s.size, b_s.size) < 2:
+        out.update(method=f"no interval: {a_s.size} vs {b_s.size} sample(s); an interval needs 2 on each side",
+                   covers="")
+        return out
+    if paired:
+        n = a_s.size
+        va, vb = a_s.var(ddof=1) / n, b_s.var(ddof=1) / n
+        cov, df = float(np.cov(a_s, b_s, ddof=1)[0, 1]) / n, n - 1
+        method = f"Fieller, paired ({n} pairs)"
+    else:
+        va, vb, cov = a_s.var(ddof=1) / a_s.size, b_s.var(ddof=1) / b_s.size, 0.0
+        df = _welch_df(va, vb, a_s.size, b_s.size, a / b)
+        method = f"Fieller, independent samples ({a_s.size} vs {b_s.size}, Welch df {df:.1f})"
+    lo, hi = fieller(a, b, float(va), float(vb), cov, df, level)
+    if lo is None:
+        out["method"] = method + ": unbounded (the denominator's mean is not distinguishable from 0)"
+        return out
+    out.update(ci_lo=scale * lo, ci_hi=scale * hi, method=method)
+    return out
 
 
 def stragglers(seconds_by_rank: list[list[float]], threshold: float = 0.05) -> list[int]:

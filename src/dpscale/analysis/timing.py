@@ -26,10 +26,12 @@ def summary(values_ms: list[float]) -> dict:
 def spread_fields(name: str, xs: list[float]) -> dict:
     """A number measured once per timed repeat, with its spread: `<name>_repeats`,
     `<name>_median/_min/_max/_mean/_cv` and `<name>_ci95` [lo, hi], the Student-t 95%
-    interval of the mean (stats.interval; [None, None] below two repeats)."""
+    interval of the mean (stats.interval; [None, None] below two repeats), and
+    `<name>_ci95_covers`, what it covers: the timed repeats of this one launch."""
     iv = stats.interval(xs)
     return {f"{name}_repeats": list(xs), **{f"{name}_{key}": iv[key] for key in ("median", "min", "max", "mean", "cv")},
-            f"{name}_ci95": [iv["ci_lo"], iv["ci_hi"]]}
+            f"{name}_ci95": [iv["ci_lo"], iv["ci_hi"]],
+            f"{name}_ci95_covers": stats.WITHIN if iv["ci_lo"] is not None else ""}
 
 
 class StepTimer:

@@ -7,7 +7,9 @@ writes, under out_dir:
     report.md            the same text, figures referenced as figures/<name>.png
     figures/<name>.png   and .svg, one pair per figure a chapter declares (always all of them)
     tables/<key>.csv     one per table a chapter declares for CSV
+    results.csv          the tidy table: one row per machine, result and metric (report/tidy.py)
     plan.json            what was planned, and how: `dpscale keep` copies it with the results
+    forecast.json        the forecast of every machine, its band and its validation (report/forecast.py)
 
 A chapter (chapters/<key>.py) owns its figures, tables and prose (prose/<key>.rst,
 prose/figures/<name>.rst); its figures are drawn by figures/<key>.py. The
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from dpscale import provenance
 from dpscale.results import write_json_atomic
-from dpscale.report import book as bookmod, render
+from dpscale.report import book as bookmod, forecast, render
 from dpscale.report.chapters import CHAPTERS, csv_tables, figure_specs
 from dpscale.report.chapters.common import prose
 from dpscale.report.chapters.provenance import header
@@ -58,7 +60,10 @@ def build(runs_dir, fingerprint_path, out_dir, *, targets=None, references=(), b
         f.image = images[f.name]
     captions = {spec.name: prose(f"figures/{spec.name}") for _chapter, spec in figure_specs()}
     render.write_all(out, pages, header(data), captions, csv_tables())
+    from dpscale.report import tidy   # pandas: only here, never when the workflow is parsed
+    tidy.write(data.measured, out / "results.csv")
     write_json_atomic(out / "plan.json", plan_record(data))
+    forecast.write(out / "forecast.json", forecast.compute(data))
     counts = {m.label: m.counts() for m in data.measured}
     return {"machines": [m.name for m in data.machines], "figures": list(images), "counts": counts,
             "headlines": {f.name: f.headline for p in pages for f in p.figures},
@@ -78,7 +83,8 @@ def expected_outputs(out_dir: str = "results/report") -> dict[str, list[str]]:
     """Every file build() writes, for the rule's output."""
     return {"png": [f"{out_dir}/figures/{s.name}.png" for _c, s in figure_specs()],
             "svg": [f"{out_dir}/figures/{s.name}.svg" for _c, s in figure_specs()],
-            "csv": [f"{out_dir}/tables/{k}.csv" for k in csv_tables()]}
+            "csv": [f"{out_dir}/tables/{k}.csv" for k in csv_tables()],
+            "tidy": [f"{out_dir}/results.csv"]}
 
 
 __all__ = ["CHAPTERS", "build", "load", "expected_outputs"]

@@ -1,6 +1,7 @@
 """What a chapter hands the templates: tables of cells, figures with their
 headline and notes, banners and preformatted blocks. Plain data, no markup:
-templates/ turns it into HTML and Markdown, render.py into CSV."""
+templates/ turns it into HTML and Markdown, render.py into CSV. A cell carries its
+display text (HTML, Markdown) and the value behind it (CSV): numbers stay numbers."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -12,17 +13,40 @@ from dpscale.report.numbers import fmt_num
 STATUS_CSS = {"ok": "ok", "skipped": "skipped", "hung": "hung", "failed": "failed", "not run": "notrun"}
 
 
+MISSING = "–"   # what a missing number reads as; its CSV cell is empty
+
+
+class _AsText:
+    def __repr__(self) -> str:
+        return "AS_TEXT"
+
+
+AS_TEXT = _AsText()   # a cell whose value is its text (a name, a status, a reason)
+
+
 @dataclass(frozen=True)
 class Cell:
-    text: str
+    text: str                        # as HTML and Markdown show it: "1,048,576", "98.0%", "–"
     css: str = ""
+    raw: object = AS_TEXT            # as the CSV holds it: a number, None (missing), (lo, hi)
 
     def __str__(self) -> str:
         return self.text
 
+    @property
+    def value(self):
+        """The CSV's value: the raw number, None for a missing one, else the text."""
+        if self.raw is AS_TEXT:
+            return None if self.text == MISSING else self.text
+        return self.raw
+
 
 def cell(value, css: str = "") -> Cell:
-    return value if isinstance(value, Cell) else Cell(fmt_num(value) if not isinstance(value, str) else value, css)
+    if isinstance(value, Cell):
+        return value
+    if isinstance(value, str):
+        return Cell(value, css)
+    return Cell(fmt_num(value), css, None if value is None else value)
 
 
 def status_cell(status: str) -> Cell:

@@ -1,19 +1,23 @@
 """The numbers the chapters show, computed once from a machine's results: pure
 functions (no plotting, no HTML), shared by tables, headlines and figures.
 
-A throughput point is the mean over the timed epochs (repeats) with its 95%
-interval where a result has repeats, else the single number it has; the book's
-form ("2 GPU(s): 3706 samples/s, 1.76x, 88%") prints the first timed epoch, as
-the book's protocol does (`samples_per_s`).
+A throughput point is the mean over independent launches (`samples_per_s_launches`)
+or, without them, over the timed epochs (repeats) of one launch, with its 95%
+interval and what that interval covers; else the single number it has. Speedups
+and efficiencies are ratios, with intervals computed on the ratio (stats.ratio_ci).
+The book's form ("2 GPU(s): 3706 samples/s, 1.76x, 88%") prints the first timed
+epoch, as the book's protocol does (`samples_per_s`).
 """
 from __future__ import annotations
 
 import math
+import statistics
 
 from dpscale.analysis import costmodel, stats
 from dpscale.report.machines import Machine
 
 THROUGHPUT = ("ddp_weak", "ddp_strong", "jax_weak")
+PROBE_COVERS = "paired trials within one launch"
 
 
 def ok(r: dict | None) -> bool:
@@ -61,10 +65,27 @@ def fmt_interval(lo, hi, scale: float = 1.0, unit: str = "") -> str:
 
 # ---------------------------------------------------------------- throughput
 
+def samples(r: dict | None, name: str = "samples_per_s") -> tuple[list[float], str]:
+    """The samples a number's interval is computed over, and what they cover: one
+    value per independent launch (`<name>_launches`, a launch's own repeats averaged)
+    where the result has two or more, else the timed repeats within its one launch,
+    else its single number (which covers nothing: no interval)."""
+    if not ok(r):
+        return [], ""
+    launches = metric(r, f"{name}_launches") or []
+    if len(launches) >= 2:
+        return [statistics.fmean(x) if isinstance(x, (list, tuple)) else float(x) for x in launches], stats.ACROSS
+    reps = metric(r, f"{name}_repeats") or []
+    if reps:
+        return [float(x) for x in reps], stats.WITHIN if len(reps) >= 2 else ""
+    one = metric(r, name)
+    return ([float(one)] if one is not None else []), ""
+
+
 def spread(r: dict | None, name: str = "samples_per_s") -> dict | None:
-    """stats.interval over the result's repeats (None without at least two)."""
-    xs = metric(r, f"{name}_repeats")
-    return stats.interval(xs) if ok(r) and xs and len(xs) >= 2 else None
+    """stats.interval over the result's samples (None without at least two), with `covers`."""
+    xs, covers = samples(r, name)
+    return stats.interval(xs, covers=covers) if len(xs) >= 2 else None
 
 
 def point(r: dict | None) -> tuple[float | None, float | None, float | None]:
@@ -77,6 +98,15 @@ def point(r: dict | None) -> tuple[float | None, float | None, float | None]:
     return metric(r, "samples_per_s"), None, None
 
 
+def ratio(num: dict | None, den: dict | None, name: str = "samples_per_s", scale: float = 1.0,
+          paired: bool = False) -> dict:
+    """stats.ratio_ci of two results' samples, independent (different launches) unless
+    `paired` (sample i of each from the same launch); `covers` names both sides when they differ."""
+    (a, ca), (b, cb) = samples(num, name), samples(den, name)
+    both = ca if ca == cb else f"{ca or 'one number'} over {cb or 'one number'}"
+    return stats.ratio_ci(a, b, paired=paired, scale=scale, covers=both)
+
+
 def slow_ranks(r: dict | None, threshold: float = 0.05) -> list[int]:
     rows = metric(r, "per_rank", default=[]) or []
     secs = [x.get("seconds_repeats") or ([x["seconds"]] if x.get("seconds") else []) for x in rows]
@@ -85,9 +115,8 @@ def slow_ranks(r: dict | None, threshold: float = 0.05) -> list[int]:
 
 def scaling(m: Machine, experiment: str, variant: str) -> list[dict]:
     """Per k: the book's figure, the mean with its interval, speedup and efficiency
-    against the same series' k=1 (intervals propagated from both ends)."""
+    against the same series' k=1, each interval computed on the ratio (stats.ratio_ci)."""
     ser = m.series(experiment, variant)
-    base = point(ser.get(1))
     book1 = metric(ser.get(1), "samples_per_s") if ok(ser.get(1)) else None
     rows = []
     for k, r in ser.items():
@@ -97,23 +126,29 @@ def scaling(m: Machine, experiment: str, variant: str) -> list[dict]:
                "status": r["status"], "reason": r.get("reason") or "",
                "samples_per_s": metric(r, "samples_per_s") if ok(r) else None,
                "mean": v, "ci_lo": lo, "ci_hi": hi, "repeats": sp.get("n"), "cv": sp.get("cv"),
-               "min": sp.get("min"), "max": sp.get("max"),
+               "covers": sp.get("covers") or "", "min": sp.get("min"), "max": sp.get("max"),
                "per_rank_batch": metric(r, "per_rank_batch"), "global_batch": metric(r, "global_batch"),
                "step_ms_median": metric(r, "step_ms_median"), "peak_mem_MiB": metric(r, "peak_mem_MiB"),
                "mfu": metric(r, "mfu"), "slow_ranks": slow_ranks(r), "backend": r.get("backend")}
-        row.update(_relative(row, k, base, book1))
+        row.update(_relative(r, row, k, ser.get(1), book1))
         rows.append(row)
     return rows
 
 
-def _relative(row: dict, k: int, base: tuple, book1: float | None) -> dict:
+def _relative(r: dict, row: dict, k: int, base: dict | None, book1: float | None) -> dict:
     out = {key: None for key in ("speedup", "speedup_lo", "speedup_hi", "efficiency", "efficiency_lo",
                                  "efficiency_hi", "book_speedup")}
-    if row["mean"] is None or base[0] is None:
+    out.update(ratio_covers="", ratio_method="")
+    if row["mean"] is None or point(base)[0] is None:
         return out
-    s, lo, hi = stats.ratio_interval(row["mean"], row["ci_lo"], row["ci_hi"], *base)
-    out.update(speedup=s, speedup_lo=lo, speedup_hi=hi, efficiency=s / k,
-               efficiency_lo=lo / k if lo is not None else None, efficiency_hi=hi / k if hi is not None else None)
+    if k == 1:   # the baseline against itself: 1 by definition, no interval
+        out.update(speedup=1.0, efficiency=1.0, ratio_method="the baseline itself")
+    else:
+        s = ratio(r, base)
+        out.update(speedup=s["value"], speedup_lo=s["ci_lo"], speedup_hi=s["ci_hi"], efficiency=s["value"] / k,
+                   efficiency_lo=s["ci_lo"] / k if s["ci_lo"] is not None else None,
+                   efficiency_hi=s["ci_hi"] / k if s["ci_hi"] is not None else None,
+                   ratio_covers=s["covers"], ratio_method=s["method"])
     if book1 and row["samples_per_s"]:
         out["book_speedup"] = row["samples_per_s"] / book1
     return out
@@ -155,6 +190,7 @@ def probe_row(m: Machine, k: int, r: dict) -> dict:
            "synced_ms": metric(r, "synced_ms"), "no_sync_ms": metric(r, "no_sync_ms"),
            "comm_ms": mi.get("median", metric(r, "comm_ms")), "comm_lo": mi.get("ci_lo"),
            "comm_hi": mi.get("ci_hi"), "pairs": mi.get("n"),
+           "covers": PROBE_COVERS if mi.get("ci_lo") is not None else "",
            "pred_flat_ms": metric(r, "pred_flat_ms"), "pred_ring_ms": metric(r, "pred_ring_ms"),
            "pred_book_ms": metric(r, "pred_book_ms"),
            "grad_MB": (metric(r, "grad_bytes") or 0) / 1e6 or None,
@@ -203,20 +239,6 @@ def avg_busbw(r: dict | None) -> float | None:
 
 
 # ---------------------------------------------------------------- the rest
-
-def k8_rows(machines: list[Machine], target: int = 8) -> list[dict]:
-    rows = []
-    for m in machines:
-        for variant in m.variants("ddp_weak"):
-            eff = {r["k"]: r["efficiency"] for r in scaling(m, "ddp_weak", variant) if r["efficiency"] is not None}
-            pred = costmodel.weak_efficiency_k({k: e for k, e in eff.items() if k < target}, target)
-            if pred:
-                rows.append({"machine": m.name, "variant": variant, "from_k": pred["from_k"],
-                             "efficiency_at_from_k": eff[pred["from_k"]], "k": target,
-                             "predicted_flat": pred["flat"], "predicted_ring": pred["ring"],
-                             "measured": eff.get(target)})
-    return rows
-
 
 def hlo_summary(r: dict) -> dict:
     sizes = [s for s in metric(r, "allreduce_elements", default=[]) or [] if isinstance(s, (int, float))]

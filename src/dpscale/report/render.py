@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import csv
 import io
+import math
 import re
 from pathlib import Path
 
@@ -58,12 +59,25 @@ def document(pages: list[Page], build: list[tuple[str, str]], captions: dict[str
     return template.render(title=TITLE, build=build, pages=views, glance=glance)
 
 
+def _csv_value(x) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return repr(x) if isinstance(x, float) else str(x)
+
+
 def csv_text(t: Table) -> str:
+    """The table's values, not its display: numbers as numbers, empty for missing, and a
+    column of intervals as two, <column>_lo and <column>_hi."""
+    pairs = [any(isinstance(row[i].raw, tuple) for row in t.rows) for i in range(len(t.columns))]
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(t.columns)
+    w.writerow([h for col, pair in zip(t.columns, pairs) for h in ((f"{col}_lo", f"{col}_hi") if pair else (col,))])
     for row in t.rows:
-        w.writerow([c.text for c in row])
+        out = []
+        for c, pair in zip(row, pairs):
+            v = c.value
+            out += [_csv_value(x) for x in (v if isinstance(v, tuple) else (None, None))] if pair else [_csv_value(v)]
+        w.writerow(out)
     return buf.getvalue()
 
 

@@ -51,15 +51,16 @@ def jobs_table(data: ReportData, chapter: str) -> Table:
 
 
 def format_value(column: str, v) -> Cell:
+    """The cell of a record's value: formatted for the page, the number kept for the CSV."""
     if column == "status" and isinstance(v, str):
         return status_cell(v)
     if column in PERCENT and isinstance(v, float):
-        return Cell(f"{100 * v:.1f}%")
+        return Cell(f"{100 * v:.1f}%", raw=v)
     if column.startswith("speedup") and isinstance(v, float):
-        return Cell(f"{v:.2f}x")
+        return Cell(f"{v:.2f}x", raw=v)
     if isinstance(v, (list, tuple)) and len(v) == 2 and column.endswith(("interval", "ci95")):
-        return Cell(fmt_interval(*v))
-    return cell(v if v is not None else "–")
+        return Cell(fmt_interval(*v), raw=tuple(v))
+    return cell(v)
 
 
 def records_table(key: str, title: str, records: list[dict], columns: list[str], note: str = "") -> Table:

@@ -12,7 +12,7 @@ from dpscale.report.chapters.common import by_machine, figure, jobs_table, label
 FIGURES = (FigureSpec("comm_probe", "no_sync() probe: measured communication against the cost model"),
            FigureSpec("allreduce", "Bare all-reduce: bus bandwidth against payload, default and memcpy"),
            FigureSpec("bucket_sweep", "DDP throughput against bucket_cap_mb (exercise 1)"))
-PROBE = ["machine", "k", "status", "synced_ms", "no_sync_ms", "comm_ms", "comm_interval", "pairs", "verdict",
+PROBE = ["machine", "k", "status", "synced_ms", "no_sync_ms", "comm_ms", "comm_interval", "pairs", "covers", "verdict",
          "pred_flat_ms", "pred_ring_ms", "pred_book_ms", "grad_MB", "n_buckets", "reason"]
 NCCL_COLUMNS = ["machine", "variant", "k", "status", "size_B", "count", "type", "redop", "oop_time_us",
                 "oop_algbw_GBps", "oop_busbw_GBps", "oop_wrong", "ip_time_us", "ip_algbw_GBps", "ip_busbw_GBps",
@@ -26,7 +26,7 @@ def probe_text(r: dict) -> str:
     s = (f"k={r['k']}: predicted comm 2N/beta = {f(r['pred_book_ms'])} ms/step; measured "
          f"{f(r['comm_ms'])} ms (synced {f(r['synced_ms'])}, no_sync {f(r['no_sync_ms'])})")
     if r["comm_lo"] is not None:
-        s += f", 95% interval [{f(r['comm_lo'])}, {f(r['comm_hi'])}] over {r['pairs']} pairs"
+        s += f", 95% interval [{f(r['comm_lo'])}, {f(r['comm_hi'])}] over {r['pairs']} {r['covers']}"
     if r.get("pred_flat_ms") is not None:
         s += f" [with this machine's measured beta: {f(r['pred_flat_ms'])} ms flat, {f(r['pred_ring_ms'])} ms ring]"
     return s

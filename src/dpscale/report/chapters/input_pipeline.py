@@ -5,6 +5,7 @@ from dpscale.report.document import Chapter, FigureSpec, Page
 from dpscale.report.machines import Machine, ReportData
 from dpscale.report.numbers import point
 from dpscale.report.chapters.common import by_machine, figure, label, missing_notes, prose
+from dpscale.report.chapters.scaling import covers_note
 
 FIGURES = (FigureSpec("loader", "The book's DataLoader against the device-resident resize cache, same DDP job"),)
 VARIANTS = ("seed", "cached", "tuned")
@@ -30,7 +31,8 @@ def headline(data: ReportData) -> str:
 
 def page(data: ReportData) -> Page:
     notes = missing_notes(data, "ddp_weak", VARIANTS, data.measured) + \
-        missing_notes(data, "ddp_strong", VARIANTS, data.measured)
+        missing_notes(data, "ddp_strong", VARIANTS, data.measured) + \
+        covers_note(data, ("ddp_weak", "ddp_strong"), variants=VARIANTS)
     return Page("input_pipeline", CHAPTER.title, prose("input_pipeline"),
                 figures=[figure(FIGURES[0], headline(data), notes)])
 

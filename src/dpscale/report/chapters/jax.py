@@ -9,7 +9,7 @@ from dpscale.report.numbers import equality_summary, fmt_num, hlo_summary, ok, s
 from dpscale.report.chapters.book_table import printed_cell, row, scaling_rows, status_text
 from dpscale.report.chapters.common import by_machine, figure, jobs_table, label, missing_notes, prose
 from dpscale.report.numbers import common_k
-from dpscale.report.chapters.scaling import primary_variant, side_by_side
+from dpscale.report.chapters.scaling import covers_note, primary_variant, side_by_side
 
 FIGURES = (FigureSpec("ddp_vs_jax", "DDP against JAX data parallelism, weak scaling"),
            FigureSpec("jax_hlo", "The all-reduces XLA inserted into the compiled step"))
@@ -108,7 +108,9 @@ def pictures(data: ReportData) -> list[tuple[str, str]]:
 def page(data: ReportData) -> Page:
     vs, hlo = FIGURES
     return Page("jax", CHAPTER.title, prose("jax"),
-                figures=[figure(vs, versus_headline(data), missing_notes(data, "jax_weak")),
+                figures=[figure(vs, versus_headline(data), missing_notes(data, "jax_weak")
+                                + covers_note(data, ("ddp_weak", "jax_weak"))
+                                + covers_note(data, ("ddp_weak", "jax_weak"), ratio=True)),
                          figure(hlo, hlo_headline(data), missing_notes(data, "jax_hlo"))],
                 tables=[side_by_side(data, "jax_weak", False, "jax_side", "JAX weak scaling, in the book's form"),
                         checks_table(data), jobs_table(data, "jax")],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 
 from dpscale.analysis import stats
-from dpscale.report.document import Cell, Chapter, FigureSpec, Page, Table, status_cell
+from dpscale.report.document import Cell, Chapter, FigureSpec, Page, Table, cell, status_cell
 from dpscale.report.machines import STATUSES, ReportData
 from dpscale.report.numbers import allreduce_table, metric, ok, spread
 from dpscale.report.chapters.book_table import book_comparison
@@ -57,7 +57,7 @@ def noise(r: dict) -> tuple[str, int | None, float | None] | None:
         return None
     e = r["experiment"]
     if (sp := spread(r)) is not None:
-        return "samples/s over the timed epochs", sp["n"], sp["cv"]
+        return f"samples/s over {sp['covers']}", sp["n"], sp["cv"]
     if e == "ddp_comm_probe" and (pairs := metric(r, "synced_ms_pairs")):
         iv = stats.interval(pairs)
         return "synced step time over the probe's pairs", iv["n"], iv["cv"]
@@ -78,7 +78,8 @@ def noise_table(data: ReportData) -> Table:
         for (e, v, k), r in sorted(m.results.items()):
             if (found := noise(r)) is not None:
                 what, n, cv = found
-                rows.append([m.label, e, v, str(k), what, str(n or "–"), f"{100 * cv:.2f}%" if cv is not None else "–"])
+                rows.append([m.label, e, v, str(k), what, cell(n),
+                             Cell(f"{100 * cv:.2f}%", raw=cv) if cv is not None else cell(None)])
     return Table("noise", "Noise: the coefficient of variation (stdev / mean) of each measurement's repeats",
                     ["machine", "experiment", "variant", "k", "over", "n", "cv"], rows,
                     note="A difference between two machines smaller than a few times this is not one to read.")

@@ -13,7 +13,8 @@ FIGURES = (FigureSpec("scaling_weak", "DDP weak scaling: samples/s against k, wi
            FigureSpec("efficiency", "Weak- and strong-scaling efficiency against k"))
 PRIMARY = ("seed", "host", "cached", "device", "tuned")   # the book's protocol first
 DETAILS = ["machine", "experiment", "variant", "k", "status", "samples_per_s", "mean", "interval", "repeats",
-           "cv", "speedup", "speedup_interval", "efficiency", "efficiency_interval", "per_rank_batch",
+           "covers", "cv", "speedup", "speedup_interval", "efficiency", "efficiency_interval", "ratio_covers",
+           "ratio_method", "per_rank_batch",
            "global_batch", "step_ms_median", "peak_mem_MiB", "mfu", "slow_ranks"]
 
 
@@ -26,8 +27,21 @@ def primary_variant(m: Machine, experiment: str) -> str | None:
 def phrase(row: dict) -> str:
     eff = pct(row["efficiency"])
     if row["efficiency_lo"] is not None:
-        eff += f" [{pct(row['efficiency_lo'])}, {pct(row['efficiency_hi'])}]"
+        eff += f" [{pct(row['efficiency_lo'])}, {pct(row['efficiency_hi'])}] over {row['ratio_covers']}"
     return f"{row['speedup']:.2f}x ({eff})"
+
+
+def covers_note(data: ReportData, experiments, ratio: bool = False, variants=None) -> list[str]:
+    """Lines saying what the drawn intervals cover, and how many points have none."""
+    rows = [r for m in data.measured for e in experiments for v in m.variants(e) for r in scaling(m, e, v)
+            if r["status"] == "ok" and r["mean"] is not None and (r["k"] > 1 or not ratio)
+            and (variants is None or v in variants)]
+    key, lo = ("ratio_covers", "efficiency_lo") if ratio else ("covers", "ci_lo")
+    what = "the efficiency, computed on the ratio (Fieller's interval)" if ratio else "the mean samples/s"
+    out = [f"Error bars: 95% intervals of {what} over {c}" for c in sorted({r[key] for r in rows if r[lo] is not None})]
+    if bare := sum(r[lo] is None for r in rows):
+        out.append(f"{bare} point(s) without an error bar: one number per side (no repeats), so no interval")
+    return out
 
 
 def headline(data: ReportData, experiment: str, title: str) -> str:
@@ -57,13 +71,13 @@ def side_by_side(data: ReportData, experiment: str, strong: bool, key: str, titl
         cells = [str(k)]
         for m, v in cols:
             row = rows_of[(m.key, v)].get(k)
-            if row is None:
-                cells.append(Cell("not planned", "missing"))
+            if row is None:   # the CSV holds the book's figure, samples/s: empty without one
+                cells.append(Cell("not planned", "missing", raw=None))
             elif row["status"] != "ok":
-                cells.append(Cell(f"{row['status'].upper()}: {row['reason']}", row["status"].replace(" ", "")))
+                cells.append(Cell(f"{row['status'].upper()}: {row['reason']}", row["status"].replace(" ", ""), raw=None))
             else:
                 cells.append(Cell(book_form_scaling(m, row, strong).split(": ", 1)[1],
-                                  "book" if m.kind == "book" else ""))
+                                  "book" if m.kind == "book" else "", raw=row["samples_per_s"]))
         rows.append(cells)
     return Table(key, title, ["k"] + [f"{m.name} [{v}]" for m, v in cols], rows)
 
@@ -107,19 +121,22 @@ def straggler_banners(data: ReportData) -> list[tuple[str, str]]:
 
 def page(data: ReportData) -> Page:
     weak, strong, eff = FIGURES
-    notes = missing_notes(data, "ddp_weak") + missing_notes(data, "ddp_strong")
+    notes = (missing_notes(data, "ddp_weak") + missing_notes(data, "ddp_strong")
+             + covers_note(data, ("ddp_weak", "ddp_strong"), ratio=True))
     eff_head = "; ".join(headline(data, e, t) for e, t in (("ddp_weak", "weak"), ("ddp_strong", "strong")))
     return Page(
         "scaling", CHAPTER.title, prose("scaling"), banners=straggler_banners(data),
-        figures=[figure(weak, headline(data, "ddp_weak", "DDP weak scaling"), missing_notes(data, "ddp_weak")),
+        figures=[figure(weak, headline(data, "ddp_weak", "DDP weak scaling"),
+                        missing_notes(data, "ddp_weak") + covers_note(data, ("ddp_weak",))),
                  figure(strong, headline(data, "ddp_strong", "DDP strong scaling"),
-                        missing_notes(data, "ddp_strong")),
+                        missing_notes(data, "ddp_strong") + covers_note(data, ("ddp_strong",))),
                  figure(eff, "Scaling efficiency, " + eff_head, notes)],
         tables=[side_by_side(data, "ddp_weak", False, "weak_side", "Weak scaling, in the book's form"),
                 side_by_side(data, "ddp_strong", True, "strong_side", "Strong scaling, in the book's form"),
                 records_table("scaling", "Every throughput, DDP and JAX: the book's figure (first timed "
-                              "epoch), the mean over the timed epochs with its 95% interval, speedup and "
-                              "efficiency with theirs",
+                              "epoch), the mean with its 95% interval and what it covers (timed epochs within "
+                              "one launch, or independent launches), speedup and efficiency with theirs, "
+                              "computed on the ratio (ratio_method)",
                               detail_records(data), DETAILS),
                 jobs_table(data, "scaling")],
         pre=[("What each series would print, in the book's words",

@@ -6,6 +6,7 @@ from dpscale.report.document import Chapter, FigureSpec, Page, Table
 from dpscale.report.machines import Machine, ReportData
 from dpscale.report.numbers import fmt_num, metric, ok, point
 from dpscale.report.chapters.common import by_machine, figure, label, missing_notes, prose, records_table
+from dpscale.report.chapters.scaling import covers_note
 
 FIGURES = (FigureSpec("tuned", "Per-device throughput and MFU: the book's protocol against the tuned series"),)
 # (experiment, framework, the variants from the book's protocol to the tuned series)
@@ -90,6 +91,9 @@ def layers_table(data: ReportData) -> Table:
 
 def page(data: ReportData) -> Page:
     notes = [n for e, _f, vs in GROUPS for n in missing_notes(data, e, vs, data.measured) if " k=1 " in n + " "]
+    notes += [n for n in covers_note(data, [e for e, _f, _vs in GROUPS], variants={v for _e, _f, vs in GROUPS
+                                                                                   for v in vs})
+              if n.startswith("Error bars")]   # the count of bare points spans every k; this figure shows one
     return Page("tuned", CHAPTER.title, prose("tuned"), figures=[figure(FIGURES[0], headline(data), notes)],
                 tables=[records_table("roofline", "The tuned series against its roofline: the ideal bound (BN "
                                       "statistics in the convolution's epilogue) and the compiler's (what fuses "

@@ -143,11 +143,18 @@ def bar_label(ax, value: float, hi: float | None, y: float, text: str) -> None:
 
 
 def errorbars(ax, xs, ys, los, his, **style):
-    """ys with their intervals where every point has one, else plain points."""
-    if all(lo is not None for lo in los) and los:
+    """ys as points (and a line); an error bar on each point that has an interval (a
+    baseline at k=1 or a single-epoch point has none)."""
+    with_bar = [(x, y, lo, hi) for x, y, lo, hi in zip(xs, ys, los, his) if lo is not None and hi is not None]
+    if len(with_bar) == len(xs) and xs:
         err = [[y - lo for y, lo in zip(ys, los)], [hi - y for y, hi in zip(ys, his)]]
         return ax.errorbar(xs, ys, yerr=err, **style)
-    return ax.plot(xs, ys, **{k: v for k, v in style.items() if k != "capsize"})
+    lines = ax.plot(xs, ys, **{k: v for k, v in style.items() if k != "capsize"})
+    if with_bar:
+        bx, by, blo, bhi = zip(*with_bar)
+        ax.errorbar(bx, by, yerr=[[y - lo for y, lo in zip(by, blo)], [hi - y for y, hi in zip(by, bhi)]],
+                    fmt="none", ecolor=style.get("color"), capsize=style.get("capsize", 3))
+    return lines
 
 
 def min_font(fig) -> float:

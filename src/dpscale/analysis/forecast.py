@@ -1,0 +1,208 @@
+"""A model of one data-parallel step at k devices, to forecast past the machine.
+
+    t(B, k) = t_c(B) + f * T_ar(buckets, k) + sigma * E[max of k standard normals]
+
+- compute t_c(B) = a + b B, the per-rank batch B in samples, fitted to k=1's step time
+  (B / samples_per_s) at the batches measured there: weak scaling's per-rank batch and
+  strong scaling's global batch (k=1 runs it on one device). With one batch only,
+  a = 0 (the step proportional to the batch), stated in `compute_source`.
+- communication: DDP all-reduces its gradient buckets; each bucket of S bytes costs
+  ring   T = 2(k-1)/k * S / beta + 2(k-1) alpha      (Thakur, Rabenseifner, Gropp 2005)
+  tree   T = 2 S / beta + 2 ceil(log2 k) alpha        (pipelined reduce + broadcast; stated
+                                                      beside the ring, not used for e(k))
+  alpha (s) and beta (bytes/s per link, nccl-tests' busbw) fitted by least squares
+  to the all-reduce payload sweep at a measured k, on relative error (the sweep spans
+  1 MiB to 1 GiB: absolute error would leave alpha to the largest payload's noise).
+- overlap: f, the exposed fraction, is measured by the paired no_sync() probe:
+  (synced - no_sync step time) / T_ar(DDP's buckets, k). Chosen over DDP's hook
+  timeline because the probe runs the same model, buckets and k as the training and
+  costs nothing new, and because it charges what NCCL's sharing of the SMs costs the
+  backward pass (Echo, 2024) as well as what overlap hides (Li et al., VLDB 2020);
+  f > 1 means the synced step costs more than the bare all-reduce of its buckets.
+- straggler: each step waits for the slowest of k ranks. With per-rank step times
+  N(mu, sigma^2), E[max of k] = mu + sigma e_k, e_k = the expected maximum of k
+  standard normals (order statistics, integrated exactly: e_1 = 0, e_2 = 0.564,
+  e_8 = 1.42). sigma from k=1's step distribution: (p90 - p10) / (2 z_0.9).
+- nodes: N nodes of G devices, hierarchical all-reduce (reduce-scatter in the node,
+  all-reduce across nodes on 1/G of the data per device, all-gather in the node):
+  T = 2(G-1)/G S / beta + 2(G-1) alpha  +  2(N-1)/N S / beta_node + 2(N-1) alpha_node,
+  where beta_node is the node's injection bandwidth (all its NICs), shared by its G
+  devices' shards of S/G each: G x S/G = S crosses it.
+
+Efficiency: weak e(k) = t(B, 1) / t(B, k); strong e(k) = t(G, 1) / (k t(G/k, k)).
+Units: seconds, bytes, bytes/s; GB = 1e9 bytes (nccl-tests), never bits.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+import numpy as np
+from scipy import integrate, stats as sps
+
+GB = 1e9                      # bytes per GB: bandwidths are in bytes/s
+DDP_BUCKET_BYTES = 25 * 2**20   # torch DDP's bucket_cap_mb default
+DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+def bytes_per_s(GBps: float) -> float:
+    return GBps * GB
+
+
+# ---------------------------------------------------------------- fabric
+
+@dataclass(frozen=True)
+class Fabric:
+    alpha_s: float            # latency per message step
+    beta_Bps: float           # per-link bandwidth (busbw), bytes/s
+    k: int                    # where it was measured
+    source: str = ""
+
+
+def ring_time(size_bytes: float, k: int, fab: Fabric) -> float:
+    if k <= 1 or size_bytes <= 0:
+        return 0.0
+    return 2 * (k - 1) / k * size_bytes / fab.beta_Bps + 2 * (k - 1) * fab.alpha_s
+
+
+def tree_time(size_bytes: float, k: int, fab: Fabric) -> float:
+    if k <= 1 or size_bytes <= 0:
+        return 0.0
+    return 2 * size_bytes / fab.beta_Bps + 2 * math.ceil(math.log2(k)) * fab.alpha_s
+
+
+def hierarchical_time(size_bytes: float, nodes: int, per_node: int, intra: Fabric, inter: Fabric) -> float:
+    """Reduce-scatter + all-gather in the node (a ring all-reduce's two halves) and a
+    ring all-reduce across the nodes of each device's 1/G shard, the G shards sharing
+    the node's injection bandwidth inter.beta_Bps."""
+    in_node = ring_time(size_bytes, per_node, intra)
+    if nodes <= 1:
+        return in_node
+    across = 2 * (nodes - 1) / nodes * size_bytes / inter.beta_Bps + 2 * (nodes - 1) * inter.alpha_s
+    return in_node + across
+
+
+def fit_fabric(sizes: list[float], times_s: list[float], k: int, source: str = "") -> Fabric:
+    """alpha, beta of the ring formula at k, least squares on relative error.
+    One payload: alpha = 0 and beta from it (stated in `source`)."""
+    S, t = np.asarray(sizes, float), np.asarray(times_s, float)
+    steps, share = 2 * (k - 1), 2 * (k - 1) / k
+    if len(S) < 2 or len(set(S)) < 2:
+        return Fabric(0.0, float(share * S[0] / t[0]), k, f"{source} (one payload: alpha = 0)")
+    A = np.column_stack([share * S, np.full_like(S, steps)]) / t[:, None]
+    (inv_beta, alpha), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
+    if alpha < 0:   # latency below resolution: refit bandwidth alone
+        inv_beta, alpha = float(np.sum(A[:, 0]) / np.sum(A[:, 0] ** 2)), 0.0
+    return Fabric(float(alpha), float(1 / inv_beta), k, source)
+
+
+def ddp_buckets(grad_bytes: float) -> list[float]:
+    """DDP's default buckets when they were not recorded: 1 MiB first, then 25 MiB."""
+    out, left = [], float(grad_bytes)
+    cap = DDP_FIRST_BUCKET_BYTES
+    while left > 0:
+        out.append(min(cap, left))
+        left -= out[-1]
+        cap = DDP_BUCKET_BYTES
+    return out
+
+
+# ---------------------------------------------------------------- straggler
+
+@lru_cache(maxsize=None)
+def expected_max_normal(k: int) -> float:
+    """E[max of k iid N(0, 1)] = int x k phi(x) Phi(x)^(k-1) dx."""
+    if k <= 1:
+        return 0.0
+    val, _ = integrate.quad(lambda x: x * k * sps.norm.pdf(x) * sps.norm.cdf(x) ** (k - 1), -12, 12)
+    return float(val)
+
+
+def sigma_from_steps(steps: dict | None) -> float | None:
+    """Step-time standard deviation (s) from a rank's p10/p90 (ms), read as normal."""
+    if not steps or steps.get("p10_ms") is None or steps.get("p90_ms") is None:
+        return None
+    return (steps["p90_ms"] - steps["p10_ms"]) / 1e3 / (2 * sps.norm.ppf(0.9))
+
+
+# ---------------------------------------------------------------- the step
+
+@dataclass(frozen=True)
+class StepModel:
+    compute_a_s: float           # t_c(B) = a + b B
+    compute_b_s: float
+    fabric: Fabric | None        # None: no communication measured anywhere
+    buckets: tuple = ()          # bytes per all-reduce
+    exposed: float = 1.0         # f
+    sigma_s: float = 0.0         # per-rank step-time standard deviation
+    internode: Fabric | None = None
+    per_node: int = 8
+    notes: tuple = field(default=(), compare=False)
+
+    def with_(self, **kw) -> "StepModel":
+        return replace(self, **kw)
+
+
+def compute_time(m: StepModel, batch: float) -> float:
+    return m.compute_a_s + m.compute_b_s * batch
+
+
+def allreduce_time(m: StepModel, k: int, algo=ring_time) -> float:
+    """All of DDP's buckets at k: one node up to per_node devices, hierarchical past it."""
+    if k <= 1 or m.fabric is None or not m.buckets:
+        return 0.0
+    inter = (m.internode.alpha_s, m.internode.beta_Bps) if m.internode and k > m.per_node else None
+    return _buckets_time(float(sum(m.buckets)), len(m.buckets), k, m.per_node, m.fabric.alpha_s,
+                         m.fabric.beta_Bps, inter, algo)
+
+
+@lru_cache(maxsize=65536)
+def _buckets_time(total, n, k, per_node, alpha, beta, inter, algo) -> float:
+    """Every formula is affine in S: n buckets cost the total bytes plus n latencies."""
+    intra = Fabric(n * alpha, beta, k)
+    if inter is None:
+        return algo(total, k, intra)
+    return hierarchical_time(total, math.ceil(k / per_node), per_node, intra, Fabric(n * inter[0], inter[1], 0))
+
+
+def exposed_comm_time(m: StepModel, k: int) -> float:
+    return m.exposed * allreduce_time(m, k)
+
+
+def step_time(m: StepModel, batch: float, k: int) -> float:
+    return compute_time(m, batch) + exposed_comm_time(m, k) + m.sigma_s * expected_max_normal(k)
+
+
+def weak_efficiency(m: StepModel, batch: float, k: int) -> float:
+    return step_time(m, batch, 1) / step_time(m, batch, k)
+
+
+def strong_efficiency(m: StepModel, global_batch: float, k: int) -> float:
+    return step_time(m, global_batch, 1) / (k * step_time(m, global_batch / k, k))
+
+
+def exposed_fraction(comm_s: float, m: StepModel, k: int) -> float:
+    """f from a probe's synced - no_sync difference at k (clipped at 0: a negative
+    difference is noise, not communication that saves time)."""
+    t = allreduce_time(m.with_(exposed=1.0), k)
+    return max(0.0, comm_s / t) if t > 0 else 0.0
+
+
+def fit_compute(points: dict[float, float]) -> tuple[float, float, str]:
+    """(a, b, how) of t_c(B) = a + b B from {per-rank batch: step seconds at k=1}."""
+    bs = sorted(points)
+    if len(bs) == 1:
+        return 0.0, points[bs[0]] / bs[0], f"one batch ({bs[0]:g}): t_c proportional to B"
+    b, a = np.polyfit(bs, [points[x] for x in bs], 1)
+    return float(a), float(b), f"line through batches {', '.join(f'{x:g}' for x in bs)}"
+
+
+def knee(ks: list[int], effs: list[float], threshold: float) -> int | None:
+    """The last k before efficiency first falls below threshold (None: it never does)."""
+    prev = None
+    for k, e in sorted(zip(ks, effs)):
+        if e < threshold:
+            return prev
+        prev = k
+    return None

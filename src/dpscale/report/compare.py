@@ -1,0 +1,94 @@
+"""`dpscale compare A B`: machine B against machine A, like for like.
+
+For every (experiment, variant, k) that both kept folders hold with status ok, and
+every metric both results carry (samples/s, all-reduce bus bandwidth), one row: A's
+number, B's, and B/A with a 95% interval computed on the ratio (stats.ratio_ci via
+numbers.ratio, the two machines' samples independent), and what the interval covers
+(independent launches, or timed epochs within one launch). A result with a single
+number (no repeats) gives the ratio with no interval, and the row says so.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpscale.report.machines import Machine, load_found
+from dpscale.report.numbers import fmt_num, metric, ok, ratio, samples
+
+# metric -> unit; each compared as its per-launch samples, else its repeats, else its one number
+METRICS = {"samples_per_s": "samples/s", "busbw_GBps_64MiB": "GB/s", "avg_busbw_GBps": "GB/s"}
+SAME_ANYWAY = ("repeats", "launches")   # protocol keys that change the spread, not the number
+COLUMNS = ["experiment", "variant", "k", "metric", "unit", "A", "B", "B/A", "ci_lo", "ci_hi", "n_A", "n_B",
+           "covers", "note"]
+
+
+def load(folder: Path) -> Machine:
+    """A kept machine folder (<dir>/runs/<experiment>/<variant>/k<k>.json), or one clear line."""
+    folder = Path(folder)
+    if not (folder / "runs").is_dir():
+        raise SystemExit(f"dpscale compare: {folder}/runs is missing; pass a folder kept by `dpscale keep` "
+                         "(layout <dir>/runs/<experiment>/<variant>/k<k>.json), e.g. reference/h200")
+    m = load_found(folder / "runs", folder / "fingerprint.json", key=folder.name, kind="reference",
+                   label=folder.name)
+    if not m.results:
+        raise SystemExit(f"dpscale compare: {folder}/runs holds no result <experiment>/<variant>/k<k>.json")
+    return m
+
+
+def _protocol_note(ra: dict, rb: dict) -> str:
+    pa, pb = ((r.get("config") or {}).get("protocol") or {} for r in (ra, rb))
+    differ = sorted(k for k in set(pa) | set(pb) if k not in SAME_ANYWAY and pa.get(k) != pb.get(k))
+    return "not like for like: protocol differs in " + ", ".join(
+        f"{k} ({pa.get(k)} vs {pb.get(k)})" for k in differ) if differ else ""
+
+
+def _row(key: tuple, name: str, ra: dict, rb: dict) -> dict:
+    (xa, _), (xb, _) = samples(ra, name), samples(rb, name)
+    r = ratio(rb, ra, name)
+    e, v, k = key
+    note = "" if r["ci_lo"] is not None else (
+        f"no interval: B has {len(xb)} sample(s), A has {len(xa)}; an interval needs 2 on each side"
+        if min(len(xa), len(xb)) < 2 else r["method"])
+    note = "; ".join(t for t in (note, _protocol_note(ra, rb)) if t)
+    return {"experiment": e, "variant": v, "k": k, "metric": name, "unit": METRICS[name],
+            "A": sum(xa) / len(xa), "B": sum(xb) / len(xb), "B/A": r["value"], "ci_lo": r["ci_lo"],
+            "ci_hi": r["ci_hi"], "n_A": len(xa), "n_B": len(xb), "covers": r["covers"], "note": note}
+
+
+def rows(a: Machine, b: Machine) -> list[dict]:
+    """One row per like-for-like point and metric that both machines measured."""
+    out = []
+    for key in sorted(set(a.results) & set(b.results)):
+        ra, rb = a.results[key], b.results[key]
+        if not (ok(ra) and ok(rb)):
+            continue
+        for name in METRICS:
+            if metric(ra, name) is not None and metric(rb, name) is not None:
+                out.append(_row(key, name, ra, rb))
+    return out
+
+
+def table(a: Machine, b: Machine):
+    """The rows as a pandas DataFrame (numbers stay numbers)."""
+    import pandas as pd
+    return pd.DataFrame(rows(a, b), columns=COLUMNS)
+
+
+def render(a: Machine, b: Machine) -> str:
+    """The table as text, with a head that says what B/A and the interval are."""
+    import pandas as pd
+    df = table(a, b)
+    head = (f"A = {a.label} ({a.hardware}), B = {b.label} ({b.hardware}): each a mean over its samples "
+            "(n_A, n_B).\nB/A with its 95% interval [ci_lo, ci_hi], computed on the ratio (Fieller's, the "
+            "machines' samples independent), over what `covers` says.")
+    if df.empty:
+        return head + f"\nNo (experiment, variant, k) has an ok result in both {a.source} and {b.source}."
+    ratio_text = {c: df[c].map(lambda x: "–" if pd.isna(x) else f"{x:.3f}") for c in ("B/A", "ci_lo", "ci_hi")}
+    shown = df.assign(A=df["A"].map(fmt_num), B=df["B"].map(fmt_num), covers=df["covers"].replace("", "–"),
+                      **ratio_text)
+    return head + "\n" + shown.to_string(index=False)
+
+
+def compare(folder_a: Path, folder_b: Path) -> str:
+    a, b = load(folder_a), load(folder_b)
+    warn = [f"warning: unreadable result skipped: {e}" for e in a.errors + b.errors]
+    return "\n".join(warn + [render(a, b)])

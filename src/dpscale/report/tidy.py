@@ -1,0 +1,147 @@
+"""The tidy results table: one row per (machine, experiment, variant, k, metric), the
+form pandas, R and a spreadsheet read without help.
+
+    results.csv columns: machine, experiment, variant, k, metric, unit, value, ci_lo,
+    ci_hi, n, covers, status, data_source, commit
+
+value, ci_lo and ci_hi are numbers (empty where there is none); the unit comes from
+the metric's name (names carry units: `unit_of`). The rows are the scalar numeric
+metrics of each result (lists, mappings, text and true/false are left out: the JSON
+keeps them). `<metric>_ci95` is the 95% interval of the mean of `<metric>`'s sample,
+so it sits on the `<metric>_mean` row where the result has one (the `<metric>` row is
+the book's single figure, the first timed epoch), else on `<metric>`. `covers` says
+what that interval spans: the timed epochs of one launch, or independent launches
+when the result holds `<metric>_launches` (paired trials for the probe's
+`<metric>_pairs`). n is the size of the sample a row summarises (the launches, the
+repeats, the pairs, `<metric>_n` or the result's `repeats`).
+A planned result with no number (failed, hung, skipped, not run) keeps one row with
+an empty metric, so a failure is never dropped from the table.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from dpscale.results import write_atomic
+from dpscale.report.machines import Machine
+
+COLUMNS = ["machine", "experiment", "variant", "k", "metric", "unit", "value", "ci_lo", "ci_hi", "n", "covers",
+           "status", "data_source", "commit"]
+WITHIN = "timed epochs within one launch"
+PAIRED = "paired trials within one launch"
+ACROSS = "independent launches"
+# the statistics of a sample: `<base>_<suffix>` summarises the sample of `<base>`
+SUMMARY = ("mean", "median", "min", "max", "cv", "p10", "p90", "std")
+
+# (pattern searched in the metric's name, unit), first match wins: the order matters
+# ("busbw_GBps_64MiB" is in GB/s, its payload is 64 MiB; "samples_per_s_cv" is a ratio).
+UNITS = (
+    (r"(_cv|_coverage)$", "1"),
+    (r"(^n_|_n$)", "count"),
+    (r"(?<!per)_rank$", "rank"),
+    (r"samples_per_s", "samples/s"),
+    (r"GBps", "GB/s"),
+    (r"TFLOPs", "TFLOP/s"),
+    (r"(^|_)ms(_|$)", "ms"),
+    (r"(^|_)MiB(_|$)", "MiB"),
+    (r"(^|_)MB(_|$)", "MB"),
+    (r"(^|_)GB$", "GB"),
+    (r"_s$", "s"),
+    (r"(^|_)bytes$", "B"),
+    (r"_(elements|floats)$", "elements"),
+    (r"^flops_per_sample$", "FLOP/sample"),
+    (r"(^mfu$|fraction|_share_|_over_|ratio|^rel_diff$|threshold$|_lag_|efficiency|^max_abs_)", "1"),
+    (r"^loss", "1"),
+    (r"(^repeats$|(^|_)batch$|^steps_per_epoch$|_chars$)", "count"),
+)
+
+
+def unit_of(metric: str) -> str | None:
+    """The unit a metric's name carries ('1' for a ratio, 'count' for a count), or None
+    for a name that carries none (the table leaves the unit empty)."""
+    return next((unit for pattern, unit in UNITS if re.search(pattern, metric)), None)
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _pair(x) -> tuple[float | None, float | None]:
+    if isinstance(x, (list, tuple)) and len(x) == 2 and all(v is None or _number(v) for v in x):
+        return x[0], x[1]
+    return None, None
+
+
+def _sample(metrics: dict, base: str) -> tuple[int | None, str]:
+    """(n, covers) of the sample behind `base`'s statistics."""
+    launches = metrics.get(f"{base}_launches")
+    if isinstance(launches, list) and launches:
+        return len(launches), ACROSS
+    repeats = metrics.get(f"{base}_repeats")
+    if isinstance(repeats, list) and repeats:
+        return len(repeats), WITHIN
+    pairs = metrics.get(f"{base}_pairs")
+    if isinstance(pairs, list) and pairs:
+        return len(pairs), PAIRED
+    if _number(metrics.get(f"{base}_n")):
+        return int(metrics[f"{base}_n"]), WITHIN
+    if f"{base}_ci95" in metrics and _number(metrics.get("repeats")):
+        return int(metrics["repeats"]), WITHIN
+    return None, ""
+
+
+def _base(metrics: dict, name: str) -> str | None:
+    """`<base>` when `name` is `<base>_<statistic>` of a sample the result records."""
+    head, _, tail = name.rpartition("_")
+    return head if head and tail in SUMMARY and _sample(metrics, head)[0] else None
+
+
+def metric_rows(metrics: dict) -> list[dict]:
+    """One row per scalar numeric metric: metric, unit, value, ci_lo, ci_hi, n, covers."""
+    rows = []
+    for name, value in metrics.items():
+        if not _number(value):
+            continue
+        base = _base(metrics, name)
+        n, covers = _sample(metrics, base) if base else (None, "")
+        lo, hi = None, None
+        owner = base if base and name == f"{base}_mean" else (name if f"{name}_mean" not in metrics else None)
+        if owner is not None:
+            lo, hi = _pair(metrics.get(f"{owner}_ci95"))
+            if lo is not None and not base:
+                n, covers = _sample(metrics, owner)
+        rows.append({"metric": name, "unit": unit_of(name), "value": float(value), "ci_lo": lo, "ci_hi": hi,
+                     "n": n, "covers": covers if lo is not None else ""})
+    return rows
+
+
+def result_rows(machine: str, r: dict) -> list[dict]:
+    code = r.get("code") or {}
+    head = {"machine": machine, "experiment": r["experiment"], "variant": r["variant"], "k": int(r["k"])}
+    tail = {"status": r["status"], "data_source": (r.get("data") or {}).get("source"), "commit": code.get("commit")}
+    rows = metric_rows(r.get("metrics") or {})
+    if not rows:   # no number: the row that says so
+        rows = [{"metric": None, "unit": None, "value": None, "ci_lo": None, "ci_hi": None, "n": None, "covers": ""}]
+    return [{**head, **row, **tail} for row in rows]
+
+
+def table(machines: list[Machine]) -> pd.DataFrame:
+    """The tidy table of the measured machines (the book's published numbers are not results)."""
+    rows = [row for m in machines if m.kind != "book"
+            for _key, r in sorted(m.results.items()) for row in result_rows(m.label, r)]
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    for col in ("value", "ci_lo", "ci_hi"):
+        df[col] = pd.to_numeric(df[col], errors="raise").astype("float64")
+    df["k"] = df["k"].astype("int64")
+    df["n"] = df["n"].astype("Int64")
+    return df
+
+
+def write(machines: list[Machine], path: str | Path) -> pd.DataFrame:
+    """results.csv, atomically: empty cells for what a row lacks."""
+    df = table(machines)
+    write_atomic(path, df.to_csv(index=False))
+    return df

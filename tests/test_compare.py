@@ -1,0 +1,74 @@
+"""`dpscale compare A B` on the committed reference machines: the rows' numbers are
+the JSONs' numbers, a result without repeats has no interval and says so."""
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+
+import pytest
+
+from dpscale import cli
+from dpscale.report import compare
+from report_fixtures import ROOT
+
+H200, H200X2 = ROOT / "reference" / "h200", ROOT / "reference" / "h200x2"
+
+
+def _metrics(folder, e, v, k):
+    return json.loads((folder / "runs" / e / v / f"k{k}.json").read_text())["metrics"]
+
+
+def test_rows_hold_the_jsons_numbers_and_say_when_there_is_no_interval():
+    df = compare.table(compare.load(H200), compare.load(H200X2))
+    row = df[(df.experiment == "ddp_weak") & (df.variant == "seed") & (df.k == 1)].iloc[0]
+    a = statistics.fmean(_metrics(H200, "ddp_weak", "seed", 1)["samples_per_s_repeats"])
+    b = _metrics(H200X2, "ddp_weak", "seed", 1)["samples_per_s"]      # one epoch, no repeats
+    assert row["A"] == pytest.approx(a) and row["B"] == pytest.approx(b) and row["B/A"] == pytest.approx(b / a)
+    assert (row.n_A, row.n_B) == (3, 1) and row.isna()["ci_lo"] and row.isna()["ci_hi"]
+    assert row.note.startswith("no interval: B has 1 sample(s), A has 3")
+    assert set(df.k) == {1} and len(df) == 6      # the only points both machines measured
+    assert str(df["B/A"].dtype) == "float64"
+
+
+def test_a_machine_against_itself_gives_ratio_1_inside_its_interval(tmp_path):
+    df = compare.table(compare.load(H200), compare.load(H200))
+    assert len(df) >= 6 and (df["B/A"] == 1.0).all()
+    assert ((df.ci_lo < 1) & (df.ci_hi > 1)).all() and set(df.covers) == {"timed epochs within one launch"}
+
+
+def test_protocol_difference_is_named(tmp_path):
+    for name in ("a", "b"):
+        shutil.copytree(H200 / "runs" / "ddp_weak" / "seed", tmp_path / name / "runs" / "ddp_weak" / "seed")
+    p = tmp_path / "b" / "runs" / "ddp_weak" / "seed" / "k1.json"
+    r = json.loads(p.read_text())
+    r["config"]["protocol"]["per_rank_batch"] = 128
+    p.write_text(json.dumps(r))
+    row = compare.table(compare.load(tmp_path / "a"), compare.load(tmp_path / "b")).iloc[0]
+    assert "protocol differs in per_rank_batch (256 vs 128)" in row.note
+
+
+def test_cli_prints_the_table_and_names_a_bad_folder(capsys, tmp_path):
+    assert cli.main(["compare", str(H200), str(H200X2)]) == 0
+    out = capsys.readouterr().out
+    assert "A = h200 (1x H200), B = h200x2" in out and "ddp_weak" in out and "no interval" in out
+    with pytest.raises(SystemExit, match=r"runs is missing; pass a folder kept by `dpscale keep`"):
+        cli.main(["compare", str(H200), str(tmp_path)])
+
+
+def test_every_efficiency_interval_stays_in_0_2(tmp_path):
+    """The committed references and the fixture machines: no efficiency interval reaches
+    outside [0, 2] (the old interval arithmetic gave the smoke run 63% [19%, 463%])."""
+    from report_fixtures import BOOK, CPU_FP, write_cpu_smoke, write_gpu_paper
+    from dpscale.report import load
+    from dpscale.report.numbers import THROUGHPUT, scaling
+    from dpscale.results import write_json_atomic
+    targets = write_cpu_smoke(tmp_path / "runs")
+    write_json_atomic(tmp_path / "fingerprint.json", CPU_FP)
+    write_gpu_paper(tmp_path / "reference" / "h200x8")
+    data = load(tmp_path / "runs", tmp_path / "fingerprint.json", targets, [tmp_path / "reference"], BOOK)
+    machines = data.measured + [compare.load(H200), compare.load(H200X2)]
+    rows = [r for m in machines for e in THROUGHPUT for v in m.variants(e) for r in scaling(m, e, v)
+            if r["efficiency_lo"] is not None]
+    assert len(rows) >= 4 and all(0 <= r["efficiency_lo"] <= r["efficiency"] <= r["efficiency_hi"] <= 2 for r in rows)
+    assert all(r["ratio_covers"] == "timed epochs within one launch" for r in rows)

@@ -1,0 +1,66 @@
+"""schemas/result.schema.yaml: every committed result meets it, and a result that
+breaks it is refused, on write and on read, with one line naming the key."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dpscale import results
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = sorted(ROOT.glob("reference/*/runs/*/*/k*.json"))
+
+
+def good() -> dict:
+    return results.make_result(experiment="ddp_weak", variant="seed", k=2, status="ok", backend="gloo",
+                               metrics={"samples_per_s": 10.0, "samples_per_s_ci95": [9.0, 11.0],
+                                        "per_rank": [{"rank": 0}], "passed": True, "peak_mem_MiB": None,
+                                        "largest_op_txt": "all-reduce"})
+
+
+def test_the_committed_results_meet_the_schema():
+    assert len(COMMITTED) >= 20
+    for path in COMMITTED:
+        results.check_schema(json.loads(path.read_text()), str(path))
+
+
+def test_the_schema_is_valid_and_a_written_result_meets_it(tmp_path):
+    import jsonschema
+    jsonschema.validators.validator_for({}).check_schema(results._validator().schema)
+    results.write_json_atomic(tmp_path / "k2.json", good())
+    assert results.load_result(tmp_path / "k2.json")["metrics"]["samples_per_s"] == 10.0
+
+
+def test_a_result_without_status_is_refused_naming_the_key(tmp_path):
+    bad = {k: v for k, v in good().items() if k != "status"}
+    with pytest.raises(ValueError, match=r"x\.json: top level: 'status' is a required property"):
+        results.check_schema(bad, "x.json")
+    (tmp_path / "k2.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"k2\.json: missing key\(s\) \['status'\]"):
+        results.load_result(tmp_path / "k2.json")
+
+
+@pytest.mark.parametrize("metrics, match", [
+    ({"samples_per_s": "1,048,576"}, r"metrics\.samples_per_s: '1,048,576' is not of type 'number'.*_txt"),
+    ({"input_path": 3}, r"metrics\.input_path: 3 is not of type 'string'"),
+])
+def test_a_text_metric_is_refused_when_written_and_when_read(tmp_path, metrics, match):
+    with pytest.raises(ValueError, match=rf"ddp_weak/seed/k2: {match}"):
+        results.make_result(experiment="ddp_weak", variant="seed", k=2, status="ok", backend="gloo",
+                            metrics=metrics)
+    (tmp_path / "k2.json").write_text(json.dumps(dict(good(), metrics=metrics)))
+    with pytest.raises(ValueError, match=rf"k2\.json: {match}"):
+        results.load_result(tmp_path / "k2.json")
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"k": 0}, r"k: 0 is less than the minimum of 1"),
+    ({"status": "failed", "reason": ""}, r"reason: '' should be non-empty"),
+    ({"data": {"source": "imagined"}}, r"data\.source: 'imagined' is not one of"),
+    ({"started_utc": "yesterday"}, r"started_utc: 'yesterday' does not match"),
+])
+def test_other_breaches_name_their_key(change, match):
+    with pytest.raises(ValueError, match=match):
+        results.check_schema(dict(good(), **change), "x.json")
