@@ -124,20 +124,24 @@ def test_k_above_the_devices_is_emulated_not_skipped(tiny_data):
     assert make_spec(tiny_data, "ddp_weak", 4, "cached")["skip_reason"]   # the others still skip
 
 
-TTA_TINY = {"tta_image_size": 16, "tta_train_images": 64, "tta_test_images": 32, "tta_per_rank_batch": 16,
-            "tta_target": 0.2, "tta_eval_every_samples": 32, "tta_max_epochs": 1, "tta_seeds": [1, 2, 3],
+# Tiny, to keep CI short: a target any network passes at its first evaluation (a few of
+# 32 test images right), so every seed converges after 32 samples. That learning
+# reaches a real target is the smoke DAG's job (16 px real data, target 0.6).
+TTA_TINY = {"tta_image_size": 16, "tta_train_images": 64, "tta_test_images": 32, "tta_per_rank_batch": 8,
+            "tta_target": 0.01, "tta_eval_every_samples": 32, "tta_max_epochs": 1, "tta_seeds": [1, 2, 3],
             "tta_warmup_epochs": 0.5, "tta_ks_emulated": [], "tta_timeout_s": 120}
 
 
-@pytest.mark.parametrize("k,variant", [(1, "book"), (2, "linear")])
-def test_tta_worker_reaches_a_low_target(tiny_data, tmp_path, k, variant):
+@pytest.mark.parametrize("k,variant", [(1, "book"), (2, "linear"), (4, "book")])
+def test_tta_worker_scores_its_seeds(tiny_data, tmp_path, k, variant):
+    """k=1 and k=2 are real DDP over gloo; k=4 on this 2-device stand-in is emulated (2 x 2 ranks)."""
     rc, res, log = run_job(make_spec(tiny_data, "ddp_tta", k, variant, proto=TTA_TINY), tmp_path)
     assert rc == 0 and res["status"] == "ok", log[-3000:]
     m = res["metrics"]
-    assert m["lr_rule"] == variant and m["seeds"] == [1, 2, 3] and m["target_accuracy"] == 0.2
-    assert m["emulated"] is False and m["global_batch"] == 16 * k and len(m["runs"]) == 3
+    assert m["lr_rule"] == variant and m["seeds"] == [1, 2, 3] and m["target_accuracy"] == 0.01
+    assert m["emulated"] is (k == 4) and m["processes"] == min(k, 2) and m["global_batch"] == 8 * k
+    assert m["eval_every_samples"] == 32 and len(m["runs"]) == 3
     for r in m["runs"]:
-        c = r["curve"]
-        assert c and all(p["samples"] % (16 * k) == 0 for p in c)
-        assert [p["seconds"] for p in c] == sorted(p["seconds"] for p in c)
-    assert m["scored"] == (m["samples_to_target"] is not None), m["no_result_reason"]
+        assert r["converged"] and r["curve"][0]["samples"] == max(32, 8 * k) == r["samples_to_target"]
+        assert 0 < r["eval_s"] < r["seconds_to_target"]   # the evaluation is on the clock
+    assert m["scored"] and m["samples_to_target"] == max(32, 8 * k) and m["tta_s"] > 0
