@@ -5,6 +5,7 @@ weak-scaling efficiency beside. Emulated k's say so in every row and legend."""
 from __future__ import annotations
 
 from dpscale.analysis import tta
+from dpscale.report import forecast
 from dpscale.report.document import Chapter, FigureSpec, Page
 from dpscale.report.machines import Machine, ReportData
 from dpscale.report.numbers import metric, ok
@@ -19,9 +20,6 @@ TTA_COLUMNS = ["machine", "lr_rule", "k", "run", "global_batch", "target_accurac
 GOODPUT_COLUMNS = ["machine", "lr_rule", "k", "run", "samples_to_target", "samples_per_s", "samples_per_s_source",
                    "time_to_accuracy_s", "statistical_efficiency", "hardware_efficiency", "goodput_efficiency",
                    "book_weak_efficiency"]
-# Where samples/s(k) comes from beyond this machine's own ddp_weak results: the
-# scaling forecast (its own issue) plugs in here, as a tta.Provider per machine.
-FORECAST: dict[str, tta.Provider] = {}
 
 
 def run_kind(r: dict) -> str:
@@ -61,9 +59,25 @@ def weak_samples_per_s(m: Machine | None) -> dict[int, float]:
     return {}
 
 
+def forecast_provider(data: ReportData, m: Machine) -> tta.Provider:
+    """samples/s(k) where k did not run, from the scaling forecast (dpscale.report.forecast):
+    its DDP series (the cached one where measured), k x per-rank batch / predicted weak step.
+    At the forecast's per-rank batch (the throughput protocol's), which at paper scale is
+    time to accuracy's too (256)."""
+    f = next((f for f in forecast.compute(data) if f["machine"] == m.name), None)
+    ser = {s["variant"]: s for s in (f or {}).get("series", []) if s["framework"] == "ddp"}
+    s = ser.get("cached") or next(iter(ser.values()), None)
+    steps = {r["k"]: r.get("weak_step_ms") for r in (s or {}).get("rows", [])}
+
+    def provide(k: int):
+        ms = steps.get(k)
+        return (k * s["per_rank_batch"] / (ms / 1e3), "forecast") if ms and s.get("per_rank_batch") else \
+            (None, "not measured")
+    return provide
+
+
 def goodput_rows(data: ReportData, m: Machine) -> list[dict]:
-    provider = tta.chained(tta.measured_provider(weak_samples_per_s(m)),
-                           FORECAST.get(m.key, lambda k: (None, "not measured")))
+    provider = tta.chained(tta.measured_provider(weak_samples_per_s(m)), forecast_provider(data, m))
     book = weak_samples_per_s(data.book)
     rows = []
     for rule in m.variants("ddp_tta"):
@@ -88,19 +102,30 @@ def headline(data: ReportData) -> str:
     return "; ".join(parts) or "No time-to-accuracy result with a score at k=1 and a larger k."
 
 
+def epochs_headline(data: ReportData) -> str:
+    parts = []
+    for m in data.measured:
+        for rule in m.variants("ddp_tta"):
+            pts = [f"{r['epochs_to_target']:.2f} at {r['global_batch']}" + (" (emulated)" if r["run"] == "emulated" else "")
+                   for r in tta_rows(m) if r["lr_rule"] == rule and r["epochs_to_target"] is not None]
+            if pts:
+                parts.append(f"{m.label}, {rule} LR: epochs to target " + ", ".join(pts))
+    return "; ".join(parts) or "No scored time-to-accuracy result."
+
+
 def page(data: ReportData) -> Page:
     tta_all = [r for m in data.measured for r in tta_rows(m)]
     good = [r for m in data.measured for r in goodput_rows(data, m)]
     notes = missing_notes(data, "ddp_tta")
     return Page("tta", CHAPTER.title, prose("tta"),
-                figures=[figure(FIGURES[0], headline(data), notes), figure(FIGURES[1], headline(data), notes)],
+                figures=[figure(FIGURES[0], epochs_headline(data), notes), figure(FIGURES[1], headline(data), notes)],
                 tables=[records_table("tta", "Time to accuracy per LR rule and k (MLPerf's score: the mean of the "
                                       "seeds without the fastest and the slowest; min and max over those kept)",
                                       tta_all, TTA_COLUMNS),
                         records_table("goodput", "Goodput: time to accuracy = samples to target / samples/s(k) "
                                       "+ evaluation time", good, GOODPUT_COLUMNS,
-                                      note="samples/s(k) from this machine's ddp_weak (cached) at the same k; "
-                                           "'not measured' where k did not run there."),
+                                      note="samples/s(k) from this machine's ddp_weak (cached) at the same k where it ran, else "
+                                           "from the scaling forecast (source 'forecast'), else 'not measured'."),
                         jobs_table(data, "tta")])
 
 

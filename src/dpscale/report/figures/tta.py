@@ -38,7 +38,7 @@ def tta_epochs(data: ReportData):
                       "or none planned).")
         return fig
     kit.log2_axis(ax, "global batch (k x per-rank batch)")
-    ax.set_ylabel("epochs to target (MLPerf mean, min-max of kept seeds)")
+    ax.set_ylabel("epochs to target")
     ax.set_ylim(bottom=0)
     entries = kit.machine_entries(data, used) + _style_entries(rules)
     kit.legend(fig, entries, ncol=3)
