@@ -1,11 +1,12 @@
-"""The report's chapters, in the order a reader meets them: provenance first."""
+"""The report's chapters, in the order a reader meets them: the answer first (under the
+provenance's one-line summary, the header), the provenance's tables last."""
 from __future__ import annotations
 
-from dpscale.report.chapters import (communication, exercise6, input_pipeline, jax, memory, overview, provenance,
+from dpscale.report.chapters import (answer, communication, exercise6, input_pipeline, jax, memory, overview, provenance,
                                      scaling, tta, tuned)
 
-CHAPTERS = [m.CHAPTER for m in (provenance, overview, scaling, tta, input_pipeline, tuned, communication, memory,
-                                jax, exercise6)]
+CHAPTERS = [m.CHAPTER for m in (answer, overview, scaling, tta, input_pipeline, tuned, communication, memory,
+                                jax, exercise6, provenance)]
 
 
 def figure_specs() -> list[tuple]:
