@@ -145,3 +145,14 @@ def test_tta_worker_scores_its_seeds(tiny_data, tmp_path, k, variant):
         assert r["converged"] and r["curve"][0]["samples"] == max(32, 8 * k) == r["samples_to_target"]
         assert 0 < r["eval_s"] < r["seconds_to_target"]   # the evaluation is on the clock
     assert m["scored"] and m["samples_to_target"] == max(32, 8 * k) and m["tta_s"] > 0
+
+
+def test_too_few_images_for_the_largest_k_names_the_key():
+    from dpscale.plan import config
+    cfg = {"scale": "smoke", "ks": [1, 2, 64], "hardware_file": None, "tuned": "auto", "experiments": "all",
+           "watchdog": {"hang_timeout_s": "auto", "grace_s": 15}, "data": {"source": "auto"},
+           "scales": {"smoke": {"global_batch": 64}}}
+    with pytest.raises(config.ConfigError, match=r"scales.smoke.tta_train_images: 2000 images .* 2048"):
+        config.resolve(cfg, CPU_FP)
+    cfg["scales"]["smoke"]["tta_train_images"] = 2048
+    assert config.resolve(cfg, CPU_FP)["protocol"]["tta_train_images"] == 2048

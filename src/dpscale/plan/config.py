@@ -49,6 +49,7 @@ def resolve(config: dict, fp: dict) -> dict:
     if steps < 1:
         raise ConfigError(f"scales.{scale}.train_images: {proto['train_images']} images give no full "
                           f"per-rank batch of {proto['per_rank_batch']}")
+    check_tta(proto, ks, scale)
     tuned = config["tuned"]
     if tuned == "auto":
         tuned = gpus > 0
@@ -75,6 +76,18 @@ def resolve(config: dict, fp: dict) -> dict:
     return {"scale": scale, "requested_scale": config["scale"], "protocol": proto, "ks": ks,
             "tuned": bool(tuned), "watchdog": wd, "experiments": experiments(config["experiments"]),
             "cluster": cluster, "forecast": dict(config.get("forecast") or {})}
+
+
+def check_tta(proto: dict, ks: list[int], scale: str) -> None:
+    """Time to accuracy needs one full global batch per epoch at its largest k (ks and tta_ks_emulated)."""
+    if "tta_train_images" not in proto:
+        return
+    k = max(list(ks) + list(proto.get("tta_ks_emulated") or []))
+    need = k * proto["tta_per_rank_batch"]
+    if proto["tta_train_images"] < need:
+        raise ConfigError(f"scales.{scale}.tta_train_images: {proto['tta_train_images']} images give no global batch "
+                          f"of {need} (k={k} x tta_per_rank_batch={proto['tta_per_rank_batch']}); raise it to {need} "
+                          f"or more, or lower the largest k")
 
 
 def resolve_locks(config: dict, scale: str) -> dict:

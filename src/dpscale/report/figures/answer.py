@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter
 
 from dpscale.report.chapters.answer import speedups
 from dpscale.report.machines import ReportData
@@ -32,6 +33,7 @@ def answer(data: ReportData):
     ax.plot(k_all, k_all, color="gray", lw=4, alpha=0.25)
     kit.k_axis(ax, k_all)
     ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _p: f"{y:g}x"))
     ax.set_ylabel("speed-up over k=1")
     ax.set_xlabel("k (devices; hollow: emulated)")
     entries = kit.machine_entries(data, used) + [
