@@ -76,7 +76,10 @@ def job_inputs(exp):
     if "flops" in exp.inputs:
         inputs["flops"] = INPUT_FILES["flops"]
     if "tta_cache" in exp.inputs:  # its cache is the one of its own image size
-        inputs["cache"], inputs["cache_meta"] = INPUT_FILES["tta_cache"], INPUT_FILES["tta_meta"]
+        inputs["cache"], inputs["cache_meta"] = (
+            INPUT_FILES["tta_cache"],
+            INPUT_FILES["tta_meta"],
+        )
     for need in exp.needs:
         inputs[need.experiment] = {
             str(need.k): specs.target(need.experiment, need.variant, need.k)

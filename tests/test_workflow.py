@@ -40,7 +40,8 @@ def test_snakefmt_check():
 
 def test_default_config_dry_run(repo):
     counts = job_counts(smk(repo, "-n", "--cores", "1", "report").stdout)
-    assert counts["download"] == 1 and counts["resize"] == 1 and counts["report"] == 1
+    # two resizes at smoke scale: 32 px for throughput, 16 px for time to accuracy (paper: both 64)
+    assert counts["download"] == 1 and counts["resize"] == 2 and counts["report"] == 1
 
 
 def planned_results(out: str) -> set[str]:
