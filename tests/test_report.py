@@ -274,3 +274,17 @@ def test_report_writes_the_tidy_table(built):
     assert all(df[c].dtype == "float64" for c in ("value", "ci_lo", "ci_hi"))
     assert set(df.machine) == {"this run", "h200x8"}   # the measured machines, not the book
     assert len(df) > 50
+
+
+def test_time_to_accuracy_says_emulated_and_splits_goodput(built):
+    tta_rows = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "tta") if r["machine"] == "this run"}
+    assert tta_rows[("book", "4")]["run"] == "emulated" and tta_rows[("book", "2")]["run"] == "real DDP"
+    assert tta_rows[("linear", "4")]["samples_to_target"] in ("", "–")   # two seeds did not converge: no score
+    assert "2 of 3 launches" in tta_rows[("linear", "4")]["no_result_reason"]
+    good = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "goodput") if r["machine"] == "this run"}
+    two = good[("book", "2")]   # fixtures: samples 1536 at k=1, 2560 at k=2; weak samples/s 60 and 96
+    assert float(two["statistical_efficiency"]) == pytest.approx(1536 / 2560)
+    assert float(two["hardware_efficiency"]) == pytest.approx(0.8)
+    assert float(two["goodput_efficiency"]) == pytest.approx(0.8 * 1536 / 2560)
+    assert two["samples_per_s_source"] == "measured" and good[("book", "4")]["samples_per_s_source"] == "forecast"
+    assert "emulated" in built["summary"]["headlines"]["answer"]
