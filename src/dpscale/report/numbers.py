@@ -77,6 +77,12 @@ def point(r: dict | None) -> tuple[float | None, float | None, float | None]:
     return metric(r, "samples_per_s"), None, None
 
 
+def gpu_flags(r: dict | None) -> list[str]:
+    """What the GPU's state flagged during the timing ("shared", "throttled: <reason>";
+    dpscale.run.gpustate); [] on a CPU, without NVML, or when nothing was flagged."""
+    return list(((r or {}).get("gpu_state") or {}).get("flags") or []) if ok(r) else []
+
+
 def slow_ranks(r: dict | None, threshold: float = 0.05) -> list[int]:
     rows = metric(r, "per_rank", default=[]) or []
     secs = [x.get("seconds_repeats") or ([x["seconds"]] if x.get("seconds") else []) for x in rows]
@@ -100,7 +106,8 @@ def scaling(m: Machine, experiment: str, variant: str) -> list[dict]:
                "min": sp.get("min"), "max": sp.get("max"),
                "per_rank_batch": metric(r, "per_rank_batch"), "global_batch": metric(r, "global_batch"),
                "step_ms_median": metric(r, "step_ms_median"), "peak_mem_MiB": metric(r, "peak_mem_MiB"),
-               "mfu": metric(r, "mfu"), "slow_ranks": slow_ranks(r), "backend": r.get("backend")}
+               "mfu": metric(r, "mfu"), "slow_ranks": slow_ranks(r), "backend": r.get("backend"),
+               "gpu_flags": gpu_flags(r)}
         row.update(_relative(row, k, base, book1))
         rows.append(row)
     return rows

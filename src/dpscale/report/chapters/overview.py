@@ -57,7 +57,7 @@ def noise(r: dict) -> tuple[str, int | None, float | None] | None:
         return None
     e = r["experiment"]
     if (sp := spread(r)) is not None:
-        return "samples/s over the timed epochs", sp["n"], sp["cv"]
+        return "samples/s over the timed epochs of one launch", sp["n"], sp["cv"]
     if e == "ddp_comm_probe" and (pairs := metric(r, "synced_ms_pairs")):
         iv = stats.interval(pairs)
         return "synced step time over the probe's pairs", iv["n"], iv["cv"]
@@ -72,13 +72,24 @@ def noise(r: dict) -> tuple[str, int | None, float | None] | None:
     return None
 
 
+def launch_noise(r: dict) -> tuple[str, int, float | None] | None:
+    """The spread of samples/s across independent launches (dpscale.run.launches), beside
+    the within-launch one; None below two launches."""
+    xs = metric(r, "samples_per_s_launches") if ok(r) else None
+    if not xs or len(xs) < 2:
+        return None
+    return "samples/s across independent launches", len(xs), stats.interval(xs)["cv"]
+
+
 def noise_table(data: ReportData) -> Table:
     rows = []
     for m in data.measured:
         for (e, v, k), r in sorted(m.results.items()):
-            if (found := noise(r)) is not None:
-                what, n, cv = found
-                rows.append([m.label, e, v, str(k), what, str(n or "–"), f"{100 * cv:.2f}%" if cv is not None else "–"])
+            for found in (noise(r), launch_noise(r)):
+                if found is not None:
+                    what, n, cv = found
+                    rows.append([m.label, e, v, str(k), what, str(n or "–"),
+                                 f"{100 * cv:.2f}%" if cv is not None else "–"])
     return Table("noise", "Noise: the coefficient of variation (stdev / mean) of each measurement's repeats",
                     ["machine", "experiment", "variant", "k", "over", "n", "cv"], rows,
                     note="A difference between two machines smaller than a few times this is not one to read.")
