@@ -133,3 +133,19 @@ def test_a_bad_gpu_state_policy_is_one_line_naming_the_key():
         configcheck.check({"gpu_state": {"on_shared": "maybe"}})
     text = str(e.value)
     assert "gpu_state" in text and "on_shared" in text and "maybe" in text and "\n" not in text.strip()
+
+
+def test_specs_carry_launches_and_on_a_gpu_the_gpu_policy(tiny_data):
+    from conftest import CPU_FP, make_spec
+    gpu_fp = {**CPU_FP, "gpu_count": 1, "gpu_model": "NVIDIA H200"}
+    cpu = make_spec(tiny_data, "ddp_weak", 1, "cached", proto={"launches": 3})
+    assert cpu["config"]["protocol"]["launches"] == 3 and "gpu_state" not in cpu   # CPU specs stay as they were
+    assert "launches" not in make_spec(tiny_data, "allreduce", 2)["config"]["protocol"]   # not a throughput point
+    from dpscale.plan import config, specs
+    r = config.resolve({"scale": "smoke", "ks": [1], "tuned": False, "watchdog": {"hang_timeout_s": 60, "grace_s": 1},
+                        "data": {"source": "synthetic"}, "experiments": "all",
+                        "gpu_state": {"on_shared": "fail"}}, gpu_fp)
+    assert r["gpu_state"] == {"on_shared": "fail", "on_throttle": "warn"}
+    spec = specs.job_spec(r, gpu_fp, "ddp_weak", "cached", 1, {})
+    assert spec["gpu_state"] == {"on_shared": "fail", "on_throttle": "warn"}
+    assert spec["config"]["protocol"]["launches"] == 1
