@@ -135,12 +135,12 @@ def test_a_bad_gpu_state_policy_is_one_line_naming_the_key():
     assert "gpu_state" in text and "on_shared" in text and "maybe" in text and "\n" not in text.strip()
 
 
-def test_specs_carry_launches_and_on_a_gpu_the_gpu_policy(tiny_data):
+def test_specs_carry_launches_and_on_a_gpu_the_gpu_policy(tmp_path):
     from conftest import CPU_FP, make_spec
     gpu_fp = {**CPU_FP, "gpu_count": 1, "gpu_model": "NVIDIA H200"}
-    cpu = make_spec(tiny_data, "ddp_weak", 1, "cached", proto={"launches": 3})
+    cpu = make_spec(tmp_path, "ddp_weak", 1, "cached", proto={"launches": 3})
     assert cpu["config"]["protocol"]["launches"] == 3 and "gpu_state" not in cpu   # CPU specs stay as they were
-    assert "launches" not in make_spec(tiny_data, "allreduce", 2)["config"]["protocol"]   # not a throughput point
+    assert "launches" not in make_spec(tmp_path, "allreduce", 2)["config"]["protocol"]   # not a throughput point
     from dpscale.plan import config, specs
     r = config.resolve({"scale": "smoke", "ks": [1], "tuned": False, "watchdog": {"hang_timeout_s": 60, "grace_s": 1},
                         "data": {"source": "synthetic"}, "experiments": "all",
