@@ -149,3 +149,10 @@ def test_specs_carry_launches_and_on_a_gpu_the_gpu_policy(tmp_path):
     spec = specs.job_spec(r, gpu_fp, "ddp_weak", "cached", 1, {})
     assert spec["gpu_state"] == {"on_shared": "fail", "on_throttle": "warn"}
     assert spec["config"]["protocol"]["launches"] == 1
+
+
+def test_launches_of_a_result_without_samples_per_s_are_not_merged():
+    r = {**launch_result(1.0), "metrics": {"busbw_GBps": 1.0}}
+    with pytest.raises(ValueError, match="nothing to merge them by"):
+        launches.merge([r, r])
+    assert launches.merge([r]) == r

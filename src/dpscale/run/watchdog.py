@@ -236,7 +236,14 @@ def record_outcome(job: Job, out: Outcome, produced: Path, label: str = "") -> d
 def finish(job: Job, done: list[dict]) -> int:
     """The job's one result from its launches' (dpscale.run.launches.merge), failed
     where the config's gpu_state policy says a shared or throttled device fails it."""
-    merged = launches.merge(done)
+    try:
+        merged = launches.merge(done)
+    except ValueError as e:   # launches of a result with nothing to merge them by
+        return job.fail(str(e))
+    if len(done) > 1:
+        m = merged["metrics"]
+        print(f"[watchdog] {len(done)} launches, samples/s {', '.join(f'{v:.4g}' for v in m['samples_per_s_launches'])}: "
+              f"the median launch's {m['samples_per_s']:.4g} recorded", flush=True)
     why = gpustate.policy_failure(merged.get("gpu_state"), job.spec.get("gpu_state"))
     if why:
         merged.update(status="failed", reason=f"gpu_state: {why}")
