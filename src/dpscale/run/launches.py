@@ -79,4 +79,3 @@ def _single(results: list[dict]) -> dict:
 def _gpu(results: list[dict]) -> dict:
     state = gpustate.combine([r.get("gpu_state") for r in results])
     return {"gpu_state": state} if state is not None else {}
-
