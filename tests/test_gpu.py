@@ -3,6 +3,10 @@ run on a GPU machine with `pytest -m gpu`."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 from conftest import free_port
@@ -186,3 +190,43 @@ def test_triton_statistics_batchnorm_trains_like_torch_batchnorm(nccl_rank0, mon
     monkeypatch.setattr(triton_bn, "_merge", naive)
     assert not _same_training(base, base_losses, X,
                               *_train_tuned_variant(nccl_rank0, {"batchnorm": "triton_stats"})[:2])
+
+
+# keeps GPU 0 busy until killed: a second process on the device a measurement uses
+BUSY = ("import time, torch\nx = torch.randn(4096, 4096, device='cuda:0')\nprint('busy', flush=True)\n"
+        "t0 = time.time()\nwhile time.time() - t0 < 300:\n    x = x @ x\n    x = x / x.norm()\n"
+        "    torch.cuda.synchronize()\n")
+
+
+def _state_of_gpu0(gpustate) -> dict:
+    dev = torch.device("cuda", 0)
+    rec = gpustate.Recorder([str(torch.cuda.get_device_properties(dev).uuid)])
+    assert rec.absent is None, rec.absent
+    rec.take("before timed repeat 1")
+    time.sleep(0.5)
+    rec.take("after timed repeat 1")
+    return gpustate.summarise([rec.record()], [os.getpid()])
+
+
+def test_a_second_process_on_the_gpu_flags_shared():
+    """The sampler a rank runs (this process holds a context on GPU 0, as a rank does)
+    sees another process keeping the same GPU busy, and flags `shared`; alone, it does not."""
+    pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed: pip install nvidia-ml-py")
+    from dpscale.run import gpustate
+    torch.ones(1, device="cuda:0")
+    torch.cuda.synchronize()
+    other = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "busy"
+        st = _state_of_gpu0(gpustate)
+    finally:
+        other.kill()
+        other.wait()
+    assert "shared" in st["flags"], st
+    dev0 = st["devices"][0]
+    assert dev0["samples"][0]["sm_clock_MHz"] and dev0["samples"][0]["power_W"] is not None
+    assert other.pid in {p["pid"] for p in dev0["other_processes"]} or dev0.get("pids_by_count"), dev0
+    deadline = time.monotonic() + 20   # the killed process's context takes a moment to go
+    while "shared" in (alone := _state_of_gpu0(gpustate))["flags"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "shared" not in alone["flags"], alone

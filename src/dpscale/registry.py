@@ -162,6 +162,8 @@ def _sources(*roots: str) -> tuple[str, ...]:
 THROUGHPUT = ("image_size", "train_images", "epochs", "repeats")
 TTA = ("tta_image_size", "tta_train_images", "tta_test_images", "tta_per_rank_batch", "tta_target",
        "tta_eval_every_samples", "tta_max_epochs", "tta_seeds")
+# Independent launches of a throughput point, merged by the watchdog (dpscale.run.launches).
+LAUNCHED = ("launches",)
 
 
 def _family(family: str):
@@ -178,10 +180,10 @@ _torch, _jax = _family("torch"), _family("jax")
 
 _ALL = (
     _torch("ddp_weak", "DDP samples/s with the per-rank batch fixed (weak scaling)", "torch_ddp:exp_ddp_weak",
-           (SEED, CACHED, TORCH_TUNED), every_k, THROUGHPUT + ("per_rank_batch",), "scaling",
+           (SEED, CACHED, TORCH_TUNED), every_k, THROUGHPUT + ("per_rank_batch",) + LAUNCHED, "scaling",
            inputs=("raw", "cache", "meta")),
     _torch("ddp_strong", "DDP samples/s with the global batch fixed (strong scaling)", "torch_ddp:exp_ddp_strong",
-           (SEED, CACHED, TORCH_TUNED), every_k, THROUGHPUT + ("global_batch",), "scaling",
+           (SEED, CACHED, TORCH_TUNED), every_k, THROUGHPUT + ("global_batch",) + LAUNCHED, "scaling",
            inputs=("raw", "cache", "meta")),
     _torch("ddp_comm_probe", "synced against no_sync() step time, against the cost model",
            "torch_comm:exp_comm_probe", (DEFAULT,), multi_k,
@@ -200,7 +202,7 @@ _ALL = (
     _torch("fsdp", "FSDP2 beside DDP: training state per rank, peak memory, throughput", "torch_fsdp:exp_fsdp",
            (DEFAULT,), every_k, ("image_size", "per_rank_batch", "sweep_steps"), "memory"),
     _jax("jax_weak", "JAX data parallelism (Mesh, NamedSharding, jit): weak scaling", "jax_weak:exp_weak",
-         (HOST, DEVICE, JAX_TUNED), every_k, THROUGHPUT + ("per_rank_batch",), "jax",
+         (HOST, DEVICE, JAX_TUNED), every_k, THROUGHPUT + ("per_rank_batch",) + LAUNCHED, "jax",
          inputs=("cache", "meta", "flops")),
     _jax("jax_hlo", "the all-reduces XLA inserted into the compiled step", "jax_checks:exp_hlo", (DEFAULT,),
          multi_k, ("image_size", "train_images", "per_rank_batch"), "jax", inputs=("cache", "meta")),

@@ -143,9 +143,10 @@ def data_provenance(meta: dict) -> dict:
 
 
 def write_result(spec: dict, path: str | os.PathLike, metrics: dict, started_utc: str,
-                 runtime: dict) -> dict:
+                 runtime: dict, gpu_state: dict | None = None) -> dict:
     """A measurement's result, from its job spec: status from metrics['_status']
-    (a check beside a timing may fail it), data provenance from the cache's sidecar."""
+    (a check beside a timing may fail it), data provenance from the cache's sidecar,
+    and on a GPU the devices' state (dpscale.run.gpustate; no key on a CPU)."""
     status, reason = metrics.pop("_status", ("ok", None))
     meta_path = spec.get("inputs", {}).get("cache_meta")
     data = (data_provenance(json.loads(Path(meta_path).read_text()))
@@ -154,7 +155,8 @@ def write_result(spec: dict, path: str | os.PathLike, metrics: dict, started_utc
                          status=status, reason=reason, metrics=metrics, config=spec["config"],
                          fingerprint=spec["fingerprint"], backend=spec["backend"],
                          started_utc=started_utc, data=data, runtime=runtime, env=spec.get("env", {}),
-                         code=provenance.code_record(registry.get(spec["experiment"]).sources))
+                         code=provenance.code_record(registry.get(spec["experiment"]).sources),
+                         **({"gpu_state": gpu_state} if gpu_state is not None else {}))
     write_json_atomic(path, result)
     return result
 

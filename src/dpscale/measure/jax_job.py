@@ -26,6 +26,7 @@ from dpscale.analysis import costmodel
 from dpscale import data as dsdata, registry
 from dpscale.model.models import flax_resnet18
 from dpscale.results import utc_now, write_result
+from dpscale.run import gpustate
 
 P = jax.sharding.PartitionSpec
 NamedSharding = jax.sharding.NamedSharding
@@ -37,6 +38,12 @@ class Ctx:
         self.spec = spec
         self.k = int(spec["k"])
         self.proto = spec["config"]["protocol"]
+        self.gpu: gpustate.Recorder | None = None   # this process's GPUs under NVML (GPU only)
+
+    def sample_gpu(self, when: str) -> None:
+        """Read the devices' state (clocks, reasons, power, processes) now; a no-op on CPU."""
+        if self.gpu is not None:
+            self.gpu.take(when)
 
     def log(self, msg: str):
         print(f"[jax {self.spec['experiment']}/{self.spec['variant']} k={self.k} "
@@ -239,8 +246,14 @@ def run(spec: dict, result_path: str) -> None:
     devices = check_devices(spec)
     ctx.log(f"backend={spec['backend']} jax {jax.__version__}, {len(devices)} device(s): "
             f"{', '.join(map(str, devices[:8]))}{' ...' if len(devices) > 8 else ''}")
+    mine = [d for d in devices[:ctx.k] if d.process_index == jax.process_index()]
+    if devices[0].platform == "gpu":   # by CUDA ordinal (multi-node: process 0's devices only)
+        ctx.gpu = gpustate.Recorder(gpustate.device_ids([getattr(d, "local_hardware_id", d.id) for d in mine]))
+    ctx.sample_gpu("before the measurement")
     metrics = registry.entry_point(spec["experiment"])(ctx)
+    ctx.sample_gpu("after the measurement")
     if jax.process_index() != 0:   # multi-node: process 0 writes the one result
         return
-    result = write_result(spec, result_path, metrics, started, runtime_versions(devices[:ctx.k]))
+    state = gpustate.summarise([ctx.gpu.record()], [os.getpid()]) if ctx.gpu else None
+    result = write_result(spec, result_path, metrics, started, runtime_versions(devices[:ctx.k]), gpu_state=state)
     ctx.log(f"wrote {result_path} (status {result['status']})")

@@ -47,6 +47,8 @@ def run_epochs(ctx: Ctx, step, live, steps: int, B: int, warmup: int, repeats: i
     for epoch in range(warmup + repeats):
         rep = epoch - warmup if epoch >= warmup else None
         block(live())
+        if rep is not None:
+            ctx.sample_gpu(f"before timed repeat {rep + 1}")
         t0 = time.perf_counter()
         for i in range(steps):
             loss = step(i)
@@ -59,6 +61,8 @@ def run_epochs(ctx: Ctx, step, live, steps: int, B: int, warmup: int, repeats: i
                         + ("dispatched" if rep is not None else f"loss {float(loss):.3f}"))
         block(loss, live())
         dt = time.perf_counter() - t0
+        if rep is not None:
+            ctx.sample_gpu(f"after timed repeat {rep + 1}")
         history.append({"epoch": epoch, "repeat": rep, "samples": steps * B, "seconds": dt,
                         "samples_per_s": steps * B / dt})
         ctx.log(f"epoch {epoch}: {steps * B} samples in {dt:.2f} s = {steps * B / dt:.0f} samples/s"

@@ -17,7 +17,8 @@ from dpscale.analysis import costmodel, roofline, stats
 from dpscale.model import tuned_model
 from dpscale.model.models import torch_flops_per_sample, torch_resnet18
 from dpscale.analysis.timing import StepTimer, spread_fields, summary, sync
-from dpscale.measure.torch_job import Ctx, cached_batches, load_cached, per_rank_merge, seed_loader, synthetic_batch, timed_steps
+from dpscale.measure.torch_job import (Ctx, cached_batches, load_cached, per_rank_merge, sample_gpu, seed_loader,
+                                      synthetic_batch, timed_steps)
 
 
 # ---------------------------------------------------------------- model
@@ -206,8 +207,12 @@ def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, warmup: int, r
     run_step = make_step(ctx, model, tuned, side)
     timed = []
     for epoch in range(warmup + repeats):
-        e = run_epoch(ctx, run_step, batches_for_epoch(epoch))   # reshuffled per epoch, as the book's set_epoch
         rep = epoch - warmup
+        if rep >= 0:
+            sample_gpu(ctx, f"before timed repeat {rep + 1}")
+        e = run_epoch(ctx, run_step, batches_for_epoch(epoch))   # reshuffled per epoch, as the book's set_epoch
+        if rep >= 0:
+            sample_gpu(ctx, f"after timed repeat {rep + 1}")
         ctx.log(f"epoch {epoch}: {e['samples']} samples in {e['seconds']:.2f} s = "
                 f"{e['samples'] / e['seconds']:.0f} samples/s"
                 + (" (warm-up)" if rep < 0 else f" (timed, repeat {rep + 1}/{repeats})"))

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from dpscale import data as dsdata, registry
-from dpscale.run import launch
+from dpscale.run import gpustate, launch
 from dpscale.results import utc_now, write_result
 from dpscale.analysis.timing import StepTimer, sync
 
@@ -31,6 +31,7 @@ class Ctx:
         self.device = torch.device("cuda", self.local_rank) if self.cuda else torch.device("cpu")
         self.proto = spec["config"]["protocol"]
         self.fault = _parse_fault(os.environ.get("DPSCALE_FAULT", ""))
+        self.gpu: gpustate.Recorder | None = None   # this rank's device under NVML (CUDA only)
 
     def log(self, msg: str):
         print(f"[rank {self.rank}/{self.world} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -132,6 +133,21 @@ def timed_steps(ctx: Ctx, fn, warmup: int, steps: int):
     return (time.perf_counter() - t0) / steps, timer.step_ms()
 
 
+def sample_gpu(ctx: Ctx, when: str) -> None:
+    """Read this rank's device state (clocks, reasons, power, processes) now; a no-op on CPU."""
+    if getattr(ctx, "gpu", None) is not None:
+        ctx.gpu.take(when)
+
+
+def gpu_state(ctx: Ctx) -> dict | None:
+    """Every rank's device samples and pid, gathered: the result's gpu_state (None on CPU)."""
+    if ctx.gpu is None:
+        return None
+    rows = [None] * ctx.world
+    dist.all_gather_object(rows, {"pid": os.getpid(), **ctx.gpu.record()})
+    return gpustate.summarise(rows, [r["pid"] for r in rows])
+
+
 def per_rank_merge(ctx: Ctx, mine: dict) -> list[dict] | None:
     rows = [None] * ctx.world
     dist.all_gather_object(rows, {"rank": ctx.rank, **mine})
@@ -153,6 +169,7 @@ def run(spec: dict, result_path: str) -> None:
     started = utc_now()
     if ctx.cuda:
         torch.cuda.set_device(ctx.device)
+        ctx.gpu = gpustate.Recorder([str(torch.cuda.get_device_properties(ctx.device).uuid)])
     torch.set_float32_matmul_precision("high")
     torch.backends.cudnn.benchmark = True
     # before the watchdog's outer kill, so the rank that waits reports the hang
@@ -163,9 +180,12 @@ def run(spec: dict, result_path: str) -> None:
         ctx.log(f"{spec['experiment']}/{spec['variant']} k={ctx.world} backend={spec['backend']} "
                 f"device={ctx.device}")
         ctx.maybe_fault("init")
+        sample_gpu(ctx, "before the measurement")
         metrics = registry.entry_point(spec["experiment"])(ctx)
+        sample_gpu(ctx, "after the measurement")
+        state = gpu_state(ctx)
         if ctx.rank == 0:   # rank 0 gates I/O: one writer, after every rank reported
-            write_result(spec, result_path, metrics, started, runtime_versions(ctx))
+            write_result(spec, result_path, metrics, started, runtime_versions(ctx), gpu_state=state)
             ctx.log(f"wrote {result_path}")
         dist.barrier()
     finally:

@@ -75,7 +75,8 @@ def resolve(config: dict, fp: dict) -> dict:
                               "'data={source: local, local_dir: <the folder with the four Fashion-MNIST .gz files>}'")
     return {"scale": scale, "requested_scale": config["scale"], "protocol": proto, "ks": ks,
             "tuned": bool(tuned), "watchdog": wd, "experiments": experiments(config["experiments"]),
-            "cluster": cluster, "forecast": dict(config.get("forecast") or {})}
+            "cluster": cluster, "forecast": dict(config.get("forecast") or {}),
+            "gpu_state": {"on_shared": "warn", "on_throttle": "warn", **(config.get("gpu_state") or {})}}
 
 
 def check_tta(proto: dict, ks: list[int], scale: str) -> None:

@@ -83,6 +83,8 @@ def job_spec(resolved: dict, fp: dict, experiment: str, variant: str, k: int, in
     multi = dscluster.layout(k, dscluster.effective(resolved.get("cluster"), fp))
     if multi and not spec["skip_reason"] and not procs:
         spec["launch"] = multi   # only multi-node specs carry it: one-node specs stay as they were
+    if (fp.get("gpu_count") or 0) > 0 and "gpu_state" in resolved:   # CPU specs stay as they were
+        spec["gpu_state"] = dict(resolved["gpu_state"])   # dpscale.run.gpustate.policy_failure reads it
     if var.options is not None:
         spec["config"]["tuned"] = json.loads(json.dumps(dict(var.options)))
     return spec

@@ -105,6 +105,10 @@ def ratio(num: dict | None, den: dict | None, name: str = "samples_per_s", scale
     (a, ca), (b, cb) = samples(num, name), samples(den, name)
     both = ca if ca == cb else f"{ca or 'one number'} over {cb or 'one number'}"
     return stats.ratio_ci(a, b, paired=paired, scale=scale, covers=both)
+def gpu_flags(r: dict | None) -> list[str]:
+    """What the GPU's state flagged during the timing ("shared", "throttled: <reason>";
+    dpscale.run.gpustate); [] on a CPU, without NVML, or when nothing was flagged."""
+    return list(((r or {}).get("gpu_state") or {}).get("flags") or []) if ok(r) else []
 
 
 def slow_ranks(r: dict | None, threshold: float = 0.05) -> list[int]:
@@ -129,7 +133,8 @@ def scaling(m: Machine, experiment: str, variant: str) -> list[dict]:
                "covers": sp.get("covers") or "", "min": sp.get("min"), "max": sp.get("max"),
                "per_rank_batch": metric(r, "per_rank_batch"), "global_batch": metric(r, "global_batch"),
                "step_ms_median": metric(r, "step_ms_median"), "peak_mem_MiB": metric(r, "peak_mem_MiB"),
-               "mfu": metric(r, "mfu"), "slow_ranks": slow_ranks(r), "backend": r.get("backend")}
+               "mfu": metric(r, "mfu"), "slow_ranks": slow_ranks(r), "backend": r.get("backend"),
+               "gpu_flags": gpu_flags(r)}
         row.update(_relative(r, row, k, ser.get(1), book1))
         rows.append(row)
     return rows

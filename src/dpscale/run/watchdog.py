@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpscale.run import devices, flight, joblogs, launch, lifeline
+from dpscale.run import devices, flight, gpustate, joblogs, launch, launches, lifeline
 from dpscale import provenance, registry
 from dpscale.results import make_result, record_failure, utc_now, write_json_atomic
 
@@ -192,8 +192,10 @@ def flight_evidence(job: Job) -> dict:
     return out
 
 
-def record_outcome(job: Job, out: Outcome) -> int:
-    """Write the record of a job that ran: hung, failed, or (written by the worker) ok."""
+def record_outcome(job: Job, out: Outcome, produced: Path, label: str = "") -> dict | None:
+    """The end of one launch: its ok result (which the worker wrote to `produced`), or
+    None once the job's record is written: hung, failed, or not ok by the worker's own
+    check (one such launch ends the job: no half merges). `label` prefixes the reason."""
     limit = float(job.spec["limit_s"])
     fr = flight_evidence(job)
     logs = collect_rank_logs(job.rank_dir, job.prefix)
@@ -201,7 +203,7 @@ def record_outcome(job: Job, out: Outcome) -> int:
     log_text = job.read_log()
     evidence = {**job.evidence(log_text, logs), **fr, "stray_processes": out.stray}
     if out.killed == "limit" or (out.rc != 0 and (joblogs.timed_out(texts) or fr.get("hung_collective"))):
-        job.result.unlink(missing_ok=True)
+        produced.unlink(missing_ok=True)
         pg = launch.pg_timeout_s(limit)
         how = (f"killed by the outer watchdog after {out.elapsed:.1f} s (limit {limit:g} s; no rank's "
                f"process-group timeout of {pg:g} s fired before it)" if out.killed
@@ -209,19 +211,52 @@ def record_outcome(job: Job, out: Outcome) -> int:
                     f"(timeout {pg:g} s, limit {limit:g} s)")
         detail = (flight.summary(fr["hung_collective"]) if fr.get("hung_collective")
                   else joblogs.stuck_lines(texts))
-        reason = f"no progress: {how}" + (f"; {detail}" if detail else "")
+        reason = f"{label}no progress: {how}" + (f"; {detail}" if detail else "")
         job.write("hung", reason, metrics={"hung_after_s": round(out.elapsed, 1)}, log=str(job.log), **evidence)
         print(f"[watchdog] recorded hung: {reason}; stray processes left: {out.stray}", flush=True)
-        return 0
+        return None
     if out.rc != 0:
-        job.result.unlink(missing_ok=True)
-        return job.fail(joblogs.failure_reason(log_text, texts, out.rc), exit_code=out.rc, **evidence)
-    if not job.result.exists():
-        return job.fail("the worker exited 0 but wrote no result", exit_code=0, **evidence)
-    written = json.loads(job.result.read_text())
+        produced.unlink(missing_ok=True)
+        job.fail(label + joblogs.failure_reason(log_text, texts, out.rc), exit_code=out.rc, **evidence)
+        return None
+    if not produced.exists():
+        job.fail(f"{label}the worker exited 0 but wrote no result", exit_code=0, **evidence)
+        return None
+    written = json.loads(produced.read_text())
+    if written.get("status") == "ok":
+        return written
+    if produced != job.result:   # the launch's own record becomes the job's
+        write_json_atomic(job.result, written)
+        produced.unlink()
     if written.get("status") == "failed":   # a check beside the timing failed it: retried too
-        record_failure(job.result, written.get("reason") or "failed")
+        record_failure(job.result, label + (written.get("reason") or "failed"))
+    return None
+
+
+def finish(job: Job, done: list[dict]) -> int:
+    """The job's one result from its launches' (dpscale.run.launches.merge), failed
+    where the config's gpu_state policy says a shared or throttled device fails it."""
+    try:
+        merged = launches.merge(done)
+    except ValueError as e:   # launches of a result with nothing to merge them by
+        return job.fail(str(e))
+    if len(done) > 1:
+        m = merged["metrics"]
+        print(f"[watchdog] {len(done)} launches, samples/s {', '.join(f'{v:.4g}' for v in m['samples_per_s_launches'])}: "
+              f"the median launch's {m['samples_per_s']:.4g} recorded", flush=True)
+    why = gpustate.policy_failure(merged.get("gpu_state"), job.spec.get("gpu_state"))
+    if why:
+        merged.update(status="failed", reason=f"gpu_state: {why}")
+    write_json_atomic(job.result, merged)
+    if why:
+        record_failure(job.result, merged["reason"])
+        print(f"[watchdog] recorded failed: {merged['reason']}", flush=True)
     return 0
+
+
+def launch_path(job: Job, i: int, n: int) -> Path:
+    """Where launch i of n writes: the result itself when there is one launch."""
+    return job.result if n == 1 else job.result.with_name(f".{job.result.stem}.launch{i}.json")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -274,17 +309,33 @@ def run(job: Job, args, cmd: list[str]) -> int:
         return 1
     limit, grace = float(spec["limit_s"]), float(spec.get("grace_s", 15))
     pipe = env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") if job.trace_prefix else None
-    with held:
-        print(f"[watchdog] limit {limit:g} s (process-group timeout {launch.pg_timeout_s(limit):g} s), "
-              f"devices {', '.join(held.names)}, env {spec.get('env', {})}\n"
-              f"[watchdog] watching {ancestry.describe()}\n[watchdog] $ {' '.join(cmd)}", flush=True)
-        out = supervise(cmd, env, limit, grace, held.fds, ancestry,
-                        before_kill=lambda: flight.request_dumps(pipe))   # NCCL: a dump before the kill
-    if out.killed and out.killed != "limit":
-        print(f"[watchdog] {out.killed}: killed process group; nothing recorded "
-              "(Snakemake marked the job incomplete, the next run redoes it)", flush=True)
-        return 1
-    return record_outcome(job, out)
+    n, done = launches.count(spec), []
+    try:
+        with held:
+            print(f"[watchdog] limit {limit:g} s per launch (process-group timeout {launch.pg_timeout_s(limit):g} s), "
+                  f"{n} launch(es), devices {', '.join(held.names)}, env {spec.get('env', {})}\n"
+                  f"[watchdog] watching {ancestry.describe()}\n[watchdog] $ {' '.join(cmd)}", flush=True)
+            for i in range(1, n + 1):
+                produced, label = launch_path(job, i, n), (f"launch {i}/{n}: " if n > 1 else "")
+                if n > 1:
+                    print(f"[watchdog] launch {i}/{n}, writing {produced}", flush=True)
+                if spec["backend"] == "nccl":   # the flight recorder's dumps go there
+                    job.rank_dir.mkdir(parents=True, exist_ok=True)
+                argv = [a.replace(str(job.result), str(produced)) for a in cmd]
+                out = supervise(argv, env, limit, grace, held.fds, ancestry,
+                                before_kill=lambda: flight.request_dumps(pipe))   # NCCL: a dump before the kill
+                if out.killed and out.killed != "limit":
+                    print(f"[watchdog] {out.killed}: killed process group; nothing recorded "
+                          "(Snakemake marked the job incomplete, the next run redoes it)", flush=True)
+                    return 1
+                if (r := record_outcome(job, out, produced, label)) is None:
+                    return 0
+                done.append(r)
+        return finish(job, done)
+    finally:
+        for i in range(1, n + 1):
+            if (p := launch_path(job, i, n)) != job.result:
+                p.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

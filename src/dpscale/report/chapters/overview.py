@@ -56,8 +56,9 @@ def noise(r: dict) -> tuple[str, int | None, float | None] | None:
     if not ok(r):
         return None
     e = r["experiment"]
-    if (sp := spread(r)) is not None:
-        return f"samples/s over {sp['covers']}", sp["n"], sp["cv"]
+    if len(reps := metric(r, "samples_per_s_repeats") or []) >= 2:   # one launch's; across: launch_noise
+        iv = stats.interval(reps)
+        return f"samples/s over {stats.WITHIN}", iv["n"], iv["cv"]
     if e == "ddp_comm_probe" and (pairs := metric(r, "synced_ms_pairs")):
         iv = stats.interval(pairs)
         return "synced step time over the probe's pairs", iv["n"], iv["cv"]
@@ -72,14 +73,24 @@ def noise(r: dict) -> tuple[str, int | None, float | None] | None:
     return None
 
 
+def launch_noise(r: dict) -> tuple[str, int, float | None] | None:
+    """The spread of samples/s across independent launches (dpscale.run.launches), beside
+    the within-launch one; None below two launches."""
+    xs = metric(r, "samples_per_s_launches") if ok(r) else None
+    if not xs or len(xs) < 2:
+        return None
+    return f"samples/s across {stats.ACROSS}", len(xs), stats.interval(xs)["cv"]
+
+
 def noise_table(data: ReportData) -> Table:
     rows = []
     for m in data.measured:
         for (e, v, k), r in sorted(m.results.items()):
-            if (found := noise(r)) is not None:
-                what, n, cv = found
-                rows.append([m.label, e, v, str(k), what, cell(n),
-                             Cell(f"{100 * cv:.2f}%", raw=cv) if cv is not None else cell(None)])
+            for found in (noise(r), launch_noise(r)):
+                if found is not None:
+                    what, n, cv = found
+                    rows.append([m.label, e, v, str(k), what, cell(n),
+                                 Cell(f"{100 * cv:.2f}%", raw=cv) if cv is not None else cell(None)])
     return Table("noise", "Noise: the coefficient of variation (stdev / mean) of each measurement's repeats",
                     ["machine", "experiment", "variant", "k", "over", "n", "cv"], rows,
                     note="A difference between two machines smaller than a few times this is not one to read.")

@@ -15,7 +15,7 @@ PRIMARY = ("seed", "host", "cached", "device", "tuned")   # the book's protocol 
 DETAILS = ["machine", "experiment", "variant", "k", "status", "samples_per_s", "mean", "interval", "repeats",
            "covers", "cv", "speedup", "speedup_interval", "efficiency", "efficiency_interval", "ratio_covers",
            "ratio_method", "per_rank_batch",
-           "global_batch", "step_ms_median", "peak_mem_MiB", "mfu", "slow_ranks"]
+           "global_batch", "step_ms_median", "peak_mem_MiB", "mfu", "slow_ranks", "gpu"]
 
 
 def primary_variant(m: Machine, experiment: str) -> str | None:
@@ -75,6 +75,9 @@ def side_by_side(data: ReportData, experiment: str, strong: bool, key: str, titl
                 cells.append(Cell("not planned", "missing", raw=None))
             elif row["status"] != "ok":
                 cells.append(Cell(f"{row['status'].upper()}: {row['reason']}", row["status"].replace(" ", ""), raw=None))
+            elif row.get("gpu_flags"):   # a shared or slowed GPU: the number is suspect, and says so
+                cells.append(Cell(f"{book_form_scaling(m, row, strong).split(': ', 1)[1]} "
+                                  f"(GPU {'; '.join(row['gpu_flags'])})", "alert"))
             else:
                 cells.append(Cell(book_form_scaling(m, row, strong).split(": ", 1)[1],
                                   "book" if m.kind == "book" else "", raw=row["samples_per_s"]))
@@ -105,7 +108,8 @@ def detail_records(data: ReportData) -> list[dict]:
                     out.append({**r, "interval": (r["ci_lo"], r["ci_hi"]),
                                 "speedup_interval": (r["speedup_lo"], r["speedup_hi"]),
                                 "efficiency_interval": (r["efficiency_lo"], r["efficiency_hi"]),
-                                "slow_ranks": ", ".join(map(str, r["slow_ranks"])) or "–"})
+                                "slow_ranks": ", ".join(map(str, r["slow_ranks"])) or "–",
+                                "gpu": "; ".join(r.get("gpu_flags") or []) or "–"})
     return out
 
 
@@ -119,13 +123,22 @@ def straggler_banners(data: ReportData) -> list[tuple[str, str]]:
     return out
 
 
+def gpu_banners(data: ReportData) -> list[tuple[str, str]]:
+    """A warning per throughput measured on a shared or slowed GPU (its gpu_state flags)."""
+    return [("warn", f"{r['machine']}: {r['experiment']} [{r['variant']}] k={r['k']}: the GPU was {r['gpu']} "
+                     "during the timing, so its samples/s may read low (the result's gpu_state holds the "
+                     "samples; gpu_state.on_shared / on_throttle: fail records such a run as failed)")
+            for r in detail_records(data) if r["gpu"] != "–"]
+
+
 def page(data: ReportData) -> Page:
     weak, strong, eff = FIGURES
     notes = (missing_notes(data, "ddp_weak") + missing_notes(data, "ddp_strong")
              + covers_note(data, ("ddp_weak", "ddp_strong"), ratio=True))
     eff_head = "; ".join(headline(data, e, t) for e, t in (("ddp_weak", "weak"), ("ddp_strong", "strong")))
     return Page(
-        "scaling", CHAPTER.title, prose("scaling"), banners=straggler_banners(data),
+        "scaling", CHAPTER.title, prose("scaling"),
+        banners=straggler_banners(data) + gpu_banners(data),
         figures=[figure(weak, headline(data, "ddp_weak", "DDP weak scaling"),
                         missing_notes(data, "ddp_weak") + covers_note(data, ("ddp_weak",))),
                  figure(strong, headline(data, "ddp_strong", "DDP strong scaling"),

@@ -1,0 +1,80 @@
+"""Independent launches of one throughput point, merged into one result.
+
+The timed epochs of one process share its NCCL algorithm and channel choice, its
+cudnn autotune picks, its memory placement and the clocks of the minute: their
+spread is within-launch noise only. MLPerf runs independent launches for this
+reason. So the watchdog runs the worker `launches` times in sequence (the
+protocol key of the throughput experiments), each writing its own result, and
+`merge` makes the one result of the point:
+
+- samples_per_s: the lower median of the launches' figures (for an odd count, the
+  median), and every other metric from that same launch (`representative_launch`),
+  so that the result stays one launch's coherent set of numbers;
+- samples_per_s_launches: each launch's figure; samples_per_s_launch_repeats: each
+  launch's within-launch repeats;
+- samples_per_s_ci95: the Student-t 95% interval over the launches' figures,
+  covering "independent launches" (samples_per_s_ci95_covers); with one launch,
+  the within-launch interval, covering "timed epochs within one launch";
+- samples_per_s_within_ci95 (and _cv): the representative launch's within-launch
+  interval, kept beside it.
+
+A failed or hung launch makes the whole point failed or hung (the caller stops
+at the first one and records its reason): no half merges. Pure: no processes.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+
+from dpscale.analysis import stats
+from dpscale.run import gpustate
+
+KEY = "launches"   # the protocol key
+METRIC = "samples_per_s"
+ACROSS, WITHIN = stats.ACROSS, stats.WITHIN   # what an interval covers, named once
+
+
+def count(spec: dict) -> int:
+    """How many launches the spec asks for (1 where its protocol has no such key)."""
+    return int(spec.get("config", {}).get("protocol", {}).get(KEY, 1))
+
+
+def merge(results: list[dict]) -> dict:
+    """One result from the launches' ok results (in launch order)."""
+    if not results:
+        raise ValueError("merge needs at least one launch's result")
+    bad = [i for i, r in enumerate(results, 1) if r.get("status") != "ok"]
+    if bad:
+        raise ValueError(f"launch(es) {bad} did not end ok: record the first one's reason, do not merge")
+    values = [r["metrics"].get(METRIC) for r in results]
+    if METRIC not in results[0]["metrics"]:   # not a throughput result: one launch, as it is
+        return _single(results)
+    rep = values.index(statistics.median_low(values))
+    out = copy.deepcopy(results[rep])
+    m = out["metrics"]
+    within = m.get(f"{METRIC}_ci95") or [None, None]
+    m.update({KEY: len(results), "representative_launch": rep + 1,
+              f"{METRIC}_launches": values,
+              f"{METRIC}_launch_repeats": [r["metrics"].get(f"{METRIC}_repeats") for r in results],
+              f"{METRIC}_within_ci95": within, f"{METRIC}_within_ci95_covers": WITHIN,
+              f"{METRIC}_within_cv": m.get(f"{METRIC}_cv")})
+    if len(results) >= 2:
+        iv = stats.interval(values)
+        m.update({f"{METRIC}_ci95": [iv["ci_lo"], iv["ci_hi"]], f"{METRIC}_ci95_covers": ACROSS,
+                  f"{METRIC}_launches_cv": iv["cv"], f"{METRIC}_launches_mean": iv["mean"]})
+    else:
+        m[f"{METRIC}_ci95_covers"] = WITHIN
+    out["started_utc"] = results[0].get("started_utc", out.get("started_utc"))
+    out.update(_gpu(results))
+    return out
+
+
+def _single(results: list[dict]) -> dict:
+    if len(results) != 1:
+        raise ValueError(f"{len(results)} launches of a result without {METRIC}: nothing to merge them by")
+    return copy.deepcopy(results[0])
+
+
+def _gpu(results: list[dict]) -> dict:
+    state = gpustate.combine([r.get("gpu_state") for r in results])
+    return {"gpu_state": state} if state is not None else {}
