@@ -64,3 +64,18 @@ def test_a_text_metric_is_refused_when_written_and_when_read(tmp_path, metrics, 
 def test_other_breaches_name_their_key(change, match):
     with pytest.raises(ValueError, match=match):
         results.check_schema(dict(good(), **change), "x.json")
+
+
+def test_what_an_interval_covers_is_text_the_schema_allows():
+    """Found by a smoke run, not a unit test: timing.spread_fields and launches.merge write
+    <name>_ci95_covers beside each interval; the schema refused it and failed every
+    throughput job. The writers' own output must pass."""
+    from dpscale.analysis import timing
+    from dpscale.run import launches
+    spread = timing.spread_fields("samples_per_s", [100.0, 101.0, 99.0])
+    assert any(k.endswith("_covers") for k in spread)
+    one = json.loads((ROOT / "reference/h200/runs/ddp_weak/cached/k1.json").read_text())
+    one["metrics"].update(spread)
+    results.check_schema(one, "one launch")
+    merged = launches.merge([json.loads(json.dumps(one)) for _ in range(3)])
+    results.check_schema(merged, "merged launches")
