@@ -224,7 +224,7 @@ def test_k_above_devices_is_skipped(tiny_data, tmp_path):
     rc, res, _ = run_job(make_spec(tiny_data, "ddp_weak", 4, "cached"), tmp_path)
     assert rc == 0 and res["status"] == "skipped"
     assert "k=4 needs 4 devices" in res["reason"]
-    assert res["code"]["sources_sha256"] and "torch_ddp" in res["code"]["sources"]   # every record names its code
+    assert res["code"]["sources_sha256"] and "dpscale.measure.torch_ddp" in res["code"]["sources"]   # every record names its code
 
 
 def test_crashed_rank_is_recorded_failed_and_keeps_log(tiny_data, tmp_path):
