@@ -17,7 +17,7 @@ def launch_result(v: float, repeats=None, gpu_state=None) -> dict:
     reps = repeats or [v, v * 1.02]
     iv = stats.interval(reps)
     out = {"experiment": "ddp_weak", "variant": "cached", "k": 2, "status": "ok", "reason": None,
-           "backend": "gloo", "config": {}, "fingerprint": {}, "started_utc": f"t{v}", "finished_utc": "t",
+           "backend": "gloo", "config": {}, "fingerprint": {}, "started_utc": f"t{v}", "finished_utc": f"f{v}",
            "metrics": {"samples_per_s": v, "samples_per_s_repeats": reps, "epoch_s": 1000 / v,
                        "samples_per_s_ci95": [iv["ci_lo"], iv["ci_hi"]], "samples_per_s_cv": iv["cv"]}}
     if gpu_state is not None:
@@ -27,8 +27,10 @@ def launch_result(v: float, repeats=None, gpu_state=None) -> dict:
 
 def test_merge_takes_the_median_launch_and_the_interval_across_launches():
     rs = [launch_result(100.0), launch_result(130.0), launch_result(110.0, [110.0, 111.0, 109.0])]
-    m = launches.merge(rs)["metrics"]
+    merged = launches.merge(rs)
+    m = merged["metrics"]
     iv = stats.interval([100.0, 130.0, 110.0])
+    assert (merged["started_utc"], merged["finished_utc"]) == ("t100.0", "f110.0")   # first launch to last
     assert m["samples_per_s"] == 110.0 and m["representative_launch"] == 3 and m["launches"] == 3
     assert m["epoch_s"] == pytest.approx(1000 / 110)          # every metric from that one launch
     assert m["samples_per_s_launches"] == [100.0, 130.0, 110.0]

@@ -64,7 +64,8 @@ def merge(results: list[dict]) -> dict:
                   f"{METRIC}_launches_cv": iv["cv"], f"{METRIC}_launches_mean": iv["mean"]})
     else:
         m[f"{METRIC}_ci95_covers"] = WITHIN
-    out["started_utc"] = results[0].get("started_utc", out.get("started_utc"))
+    out["started_utc"] = results[0].get("started_utc", out.get("started_utc"))   # the point's span:
+    out["finished_utc"] = results[-1].get("finished_utc", out.get("finished_utc"))   # first to last launch
     out.update(_gpu(results))
     return out
 
