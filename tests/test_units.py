@@ -272,3 +272,14 @@ def test_mfu_is_counted_flops_times_rate_over_measured_peak():
     assert m["achieved_TFLOPs_per_device"] == pytest.approx(260.0) and m["bf16_matmul_peak_TFLOPs"] == 780.0
     assert "mfu" not in mfu_fields(13_000_000_000, 20_000.0, None)   # no GPU: no peak, no MFU
     assert mfu_fields(None, 20_000.0, 780e12) == {}
+
+
+def test_a_short_list_says_how_many_it_needs():
+    """MLPerf's scoring drops the fastest and the slowest seed: two seeds were refused as
+    'the list is empty', which sent a user (this project, on the H200) looking for a parse bug."""
+    import yaml
+    from dpscale.plan.config import ConfigError
+    from dpscale.plan.configcheck import check
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    with pytest.raises(ConfigError, match=r"^scales.paper.tta_seeds: \[1, 2\] has 2 items; it needs at least 3"):
+        check({**cfg, "scales": {"paper": {"tta_seeds": [1, 2]}}})

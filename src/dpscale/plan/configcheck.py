@@ -87,7 +87,8 @@ def explain(e: jsonschema.ValidationError) -> str:
     if e.validator == "uniqueItems":
         return f"{where}: {flow(v)} repeats an item; write each once, e.g. {cli(key_path, list(dict.fromkeys(v)))}"
     if e.validator == "minItems":
-        return f"{where}: the list is empty{example}"
+        has = "the list is empty" if not v else f"{flow(v)} has {len(v)} item{'s' * (len(v) != 1)}"
+        return f"{where}: {has}; it needs at least {e.validator_value}{example}"
     if e.validator == "pattern":
         return f"{where}: {flow(v)} does not match {e.validator_value}{example}"
     return f"{where}: {e.message}{example}"
