@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import CPU_FP
+from conftest import CPU_FP, ROOT
 
 from dpscale.plan import config as dsconfig, fingerprint, specs
 from dpscale.analysis import costmodel, timing
