@@ -150,6 +150,8 @@ def test_csv_tables_hold_numbers_not_display_strings(built):
     for key, df in frames.items():
         text = df.select_dtypes(exclude="number").astype(str)
         assert not text.isin(["–"]).any().any(), f"{key}.csv holds '–' for a missing number"
+        assert not text.apply(lambda col: col.str.contains("np.float", regex=False)).any().any(), \
+            f"{key}.csv holds numpy's repr of a number"
     numeric = {"scaling": ["samples_per_s", "mean", "interval_lo", "interval_hi", "speedup", "efficiency",
                            "efficiency_interval_hi", "mfu"],
                "allreduce": ["size_B", "count", "ip_busbw_GBps"], "comm_probe": ["comm_ms", "comm_interval_lo"],
@@ -288,3 +290,11 @@ def test_time_to_accuracy_says_emulated_and_splits_goodput(built):
     assert float(two["goodput_efficiency"]) == pytest.approx(0.8 * 1536 / 2560)
     assert two["samples_per_s_source"] == "measured" and good[("book", "4")]["samples_per_s_source"] == "forecast"
     assert "emulated" in built["summary"]["headlines"]["answer"]
+
+
+def test_a_numpy_number_reaches_the_csv_as_a_number():
+    """The forecast's numpy scalars were written as 'np.float64(0.98)' (repr of numpy 2's
+    scalars) in the committed reports' forecast.csv; pandas read the column as text."""
+    import numpy as np
+    from dpscale.report.render import _csv_value
+    assert _csv_value(np.float64(0.25)) == "0.25" and _csv_value(0.1) == "0.1" and _csv_value(None) == ""

@@ -62,7 +62,9 @@ def document(pages: list[Page], build: list[tuple[str, str]], captions: dict[str
 def _csv_value(x) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return ""
-    return repr(x) if isinstance(x, float) else str(x)
+    if isinstance(x, float):   # repr: every digit; float(): numpy's scalars print as np.float64(...)
+        return repr(float(x))
+    return str(x)
 
 
 def csv_text(t: Table) -> str:
