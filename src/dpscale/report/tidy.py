@@ -25,14 +25,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpscale.analysis import stats
 from dpscale.results import write_atomic
 from dpscale.report.machines import Machine
 
 COLUMNS = ["machine", "experiment", "variant", "k", "metric", "unit", "value", "ci_lo", "ci_hi", "n", "covers",
            "status", "data_source", "commit"]
-WITHIN = "timed epochs within one launch"
+WITHIN, ACROSS = stats.WITHIN, stats.ACROSS   # what an interval covers, named once
 PAIRED = "paired trials within one launch"
-ACROSS = "independent launches"
 # the statistics of a sample: `<base>_<suffix>` summarises the sample of `<base>`
 SUMMARY = ("mean", "median", "min", "max", "cv", "p10", "p90", "std")
 
@@ -55,7 +55,8 @@ UNITS = (
     (r"^flops_per_sample$", "FLOP/sample"),
     (r"(^mfu$|fraction|_share_|_over_|ratio|^rel_diff$|threshold$|_lag_|efficiency|^max_abs_)", "1"),
     (r"^loss", "1"),
-    (r"(^repeats$|(^|_)batch$|^steps_per_epoch$|_chars$)", "count"),
+    (r"(^repeats$|^launches$|(^|_)batch$|^steps_per_epoch$|_chars$)", "count"),
+    (r"^representative_launch$", "index"),
 )
 
 
