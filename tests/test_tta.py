@@ -149,9 +149,10 @@ def test_tta_worker_scores_its_seeds(tiny_data, tmp_path, k, variant):
 
 def test_too_few_images_for_the_largest_k_names_the_key():
     from dpscale.plan import config
-    cfg = {"scale": "smoke", "ks": [1, 2, 64], "hardware_file": None, "tuned": "auto", "experiments": "all",
+    # smoke: 2,000 images, 16 a rank: k=128 needs 2,048 for one global batch
+    cfg = {"scale": "smoke", "ks": [1, 2, 128], "hardware_file": None, "tuned": "auto", "experiments": "all",
            "watchdog": {"hang_timeout_s": "auto", "grace_s": 15}, "data": {"source": "auto"},
-           "scales": {"smoke": {"global_batch": 64}}}
+           "scales": {"smoke": {"global_batch": 128}}}
     with pytest.raises(config.ConfigError, match=r"scales.smoke.tta_train_images: 2000 images .* 2048"):
         config.resolve(cfg, CPU_FP)
     cfg["scales"]["smoke"]["tta_train_images"] = 2048
