@@ -35,6 +35,20 @@ def test_one_unconverged_launch_is_the_slowest_two_mean_no_result():
     assert tta.score([_run(1, 5), _run(2, 6)], "samples")["value"] is None   # fewer than 3
 
 
+def test_two_unconverged_launches_settle_the_point():
+    assert not tta.settled([_run(1, None, False), _run(2, 100)])
+    assert tta.settled([_run(1, None, False), _run(2, None, False)])
+    s = tta.score([_run(1, None, False), _run(2, None, False)], "samples")   # the rest never launched
+    assert s["value"] is None and "2 of 2" in s["reason"]
+
+
+def test_linear_rule_is_not_run_at_k1_where_it_is_the_book_rule():
+    resolved = {"experiments": ["ddp_tta"], "ks": [1, 2], "tuned": False, "protocol": {"tta_ks_emulated": [4]}}
+    assert specs.planned(resolved) == [("ddp_tta", "book", 1), ("ddp_tta", "book", 2), ("ddp_tta", "book", 4),
+                                       ("ddp_tta", "linear", 2), ("ddp_tta", "linear", 4)]
+    assert tta.lr_at("linear", 1, 0, 1000) == tta.lr_at("book", 1, 0, 1000)
+
+
 def test_score_fields_name_every_measure():
     runs = [dict(_run(i, 100 * i), seconds_to_target=float(i), epochs_to_target=i / 10) for i in (1, 2, 3)]
     f = tta.score_fields(runs)
@@ -145,6 +159,18 @@ def test_tta_worker_scores_its_seeds(tiny_data, tmp_path, k, variant):
         assert r["converged"] and r["curve"][0]["samples"] == max(32, 8 * k) == r["samples_to_target"]
         assert 0 < r["eval_s"] < r["seconds_to_target"]   # the evaluation is on the clock
     assert m["scored"] and m["samples_to_target"] == max(32, 8 * k) and m["tta_s"] > 0
+
+
+def test_a_settled_point_launches_no_more_seeds(tiny_data, tmp_path):
+    """A target no network reaches: the first two seeds run their budget, the third is
+    not launched, and the result says why there is no score."""
+    proto = {**TTA_TINY, "tta_target": 1.0, "tta_test_images": 64}
+    rc, res, log = run_job(make_spec(tiny_data, "ddp_tta", 1, "book", proto=proto), tmp_path)
+    assert rc == 0 and res["status"] == "ok", log[-3000:]
+    m = res["metrics"]
+    assert [r["seed"] for r in m["runs"]] == [1, 2] and m["not_launched_seeds"] == [3]
+    assert not m["scored"] and "seeds 3 not launched (the score was settled)" in m["no_result_reason"]
+    assert all(r["samples_trained"] == 64 and not r["converged"] for r in m["runs"])
 
 
 def test_too_few_images_for_the_largest_k_names_the_key():

@@ -36,6 +36,10 @@ class Variant:
     env: Mapping[str, str] = field(default_factory=dict)
     extra_protocol: tuple[str, ...] = ()       # protocol keys only this variant reads
     options: Mapping[str, object] | None = None   # recorded in the spec's config.tuned
+    # Below min_k the variant *is* another one (`same_below`): the linear LR rule at k=1
+    # is the book's rule, so its k=1 is not run twice; the report borrows the other's.
+    min_k: int = 1
+    same_below: str | None = None
 
 
 SEED = Variant("seed", "the book's DataLoader (PIL resize per image, per epoch)",
@@ -71,7 +75,7 @@ MEMCPY = Variant("memcpy", "NCCL_SHM_USE_CUDA_MEMCPY=1 (and NCCL_P2P_DISABLE=1)"
 # The learning-rate rule of the time-to-accuracy runs (dpscale.analysis.tta.lr_at).
 TTA_BOOK = Variant("book", "SGD lr 0.1 at every global batch, no momentum (the book's loop)")
 TTA_LINEAR = Variant("linear", "lr 0.1 x k after a linear warm-up of tta_warmup_epochs (Goyal et al. 2017)",
-                     extra_protocol=("tta_warmup_epochs",))
+                     extra_protocol=("tta_warmup_epochs",), min_k=2, same_below="book")
 MEMCPY_TRAINING = Variant("default", "DDP training with NCCL_SHM_USE_CUDA_MEMCPY=1", nccl_only=True,
                           env=MEMCPY_ENV)
 

@@ -51,12 +51,12 @@ def score(runs: list[dict], measure: str) -> dict:
     bad = [r["seed"] for r in runs if not r["converged"]]
     out = {"value": None, "kept_seeds": [], "dropped_seeds": [], "min": None, "max": None, "stdev": None,
            "n": n, "not_converged": bad, "reason": None}
-    if n < 3:
-        out["reason"] = f"{n} launch(es): MLPerf's scoring drops the fastest and the slowest and needs at least 3"
-        return out
-    if len(bad) > 1:
+    if len(bad) > 1:   # first: it settles the score whatever the other launches give
         out["reason"] = (f"{len(bad)} of {n} launches (seeds {', '.join(map(str, bad))}) did not reach the target; "
                          "MLPerf's rule allows one")
+        return out
+    if n < 3:
+        out["reason"] = f"{n} launch(es): MLPerf's scoring drops the fastest and the slowest and needs at least 3"
         return out
     order = sorted(runs, key=lambda r: (not r["converged"], r[key] if r["converged"] else math.inf))
     kept = order[1:-1]
@@ -65,6 +65,12 @@ def score(runs: list[dict], measure: str) -> dict:
                dropped_seeds=[order[0]["seed"], order[-1]["seed"]], min=min(vals), max=max(vals),
                stdev=statistics.stdev(vals) if len(vals) > 1 else 0.0)
     return out
+
+
+def settled(runs: list[dict]) -> bool:
+    """Whether the launches so far settle the point as no result (more than one did
+    not converge): the seeds after them cannot change it, so they are not launched."""
+    return sum(not r["converged"] for r in runs) > 1
 
 
 def score_fields(runs: list[dict]) -> dict:

@@ -165,8 +165,15 @@ def exp_tta(ctx: Ctx) -> dict:
     """Every seed of the protocol, one launch after another, scored as MLPerf does."""
     p = ctx.proto
     k, ranks = layout(ctx)
-    runs = [one_launch(ctx, seed) for seed in p["tta_seeds"]]
+    runs, not_launched = [], []
+    for seed in p["tta_seeds"]:
+        if tta.settled(runs):     # two launches did not converge: no score whatever the rest give
+            not_launched.append(seed)
+            continue
+        runs.append(one_launch(ctx, seed))
     scored = tta.score_fields(runs)
+    if not_launched:
+        scored["no_result_reason"] += f"; seeds {', '.join(map(str, not_launched))} not launched (the score was settled)"
     conv = [r for r in runs if r["converged"]]
     return {"lr_rule": ctx.spec["variant"], "lr_base": tta.BASE_LR,
             "lr_peak": tta.lr_at(ctx.spec["variant"], k, 1 << 62, 0),
@@ -176,6 +183,6 @@ def exp_tta(ctx: Ctx) -> dict:
             "train_images": p["tta_train_images"], "test_images": p["tta_test_images"],
             "image_size": p["tta_image_size"], "per_rank_batch": p["tta_per_rank_batch"],
             "global_batch": k * p["tta_per_rank_batch"],
-            "emulated": len(ranks) > 1, "processes": ctx.world, "ranks_per_process": len(ranks),
+            "not_launched_seeds": not_launched, "emulated": len(ranks) > 1, "processes": ctx.world, "ranks_per_process": len(ranks),
             "eval_s_mean": sum(r["eval_s"] for r in conv) / len(conv) if conv else None,
             **scored, "runs": runs}

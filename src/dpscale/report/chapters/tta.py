@@ -4,6 +4,7 @@ statistical efficiency (samples-to-target(1) / samples-to-target(k)), the book's
 weak-scaling efficiency beside. Emulated k's say so in every row and legend."""
 from __future__ import annotations
 
+from dpscale import registry
 from dpscale.analysis import tta
 from dpscale.report import forecast
 from dpscale.report.document import Chapter, FigureSpec, Page
@@ -26,14 +27,26 @@ def run_kind(r: dict) -> str:
     return "emulated" if metric(r, "emulated") else "real DDP"
 
 
+def rule_series(m: Machine, rule: str) -> dict[int, tuple[dict, str]]:
+    """{k: (result, how it ran)} of one LR rule; below the rule's min_k its k's are
+    another rule's (linear at k=1 is the book's rule, run once: dpscale.registry)."""
+    v = registry.get("ddp_tta").variant(rule) if rule in registry.get("ddp_tta").variant_names() else None
+    out = {k: (r, run_kind(r)) for k, r in m.series("ddp_tta", rule).items()}
+    if v is not None and v.same_below:
+        for k, r in m.series("ddp_tta", v.same_below).items():
+            if k < v.min_k and k not in out:
+                out[k] = (r, f"{run_kind(r)}, the {v.same_below} rule's run (the same rule at k={k})")
+    return out
+
+
 def tta_rows(m: Machine) -> list[dict]:
     rows = []
     for rule in m.variants("ddp_tta"):
-        for k, r in sorted(m.series("ddp_tta", rule).items()):
+        for k, (r, run) in sorted(rule_series(m, rule).items()):
             if not ok(r):
                 continue
             g = lambda key: metric(r, key)   # noqa: E731
-            rows.append({"machine": m.label, "lr_rule": rule, "k": k, "run": run_kind(r),
+            rows.append({"machine": m.label, "lr_rule": rule, "k": k, "run": run,
                          "global_batch": g("global_batch"), "target_accuracy": g("target_accuracy"),
                          "seeds": ", ".join(map(str, g("seeds") or [])), "epochs_to_target": g("epochs_to_target"),
                          "epochs_min": g("epochs_to_target_min"), "epochs_max": g("epochs_to_target_max"),
