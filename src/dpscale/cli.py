@@ -8,7 +8,8 @@
     dpscale export [DIR ...]  the tidy results table (results.csv) of kept machines
 
 `keep` copies what a later report needs to set this machine beside another:
-results/runs/, results/fingerprint.json, results/model/, the plan the last report was
+results/runs/, results/fingerprint.json, results/model/, results/data/*.json (the data's
+provenance: source.json, the caches' metadata), the plan the last report was
 built against (results/report/plan.json), the job, rank and Snakemake logs, and a
 report rebuilt with this machine named NAME. The copy is made beside the target and
 renamed into place, so an interrupted keep leaves no half reference. The next
@@ -59,9 +60,11 @@ def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
     to.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=to))
     try:
-        for rel in ("runs", "fingerprint.json", "model"):
+        for rel in ("runs", "fingerprint.json", "model", "roofline.json"):   # roofline.json: tools/gpu/probe_roofline.py
             _copy(results / rel, tmp / rel)
         _copy(plan, tmp / "plan.json")
+        for meta in sorted((results / "data").glob("*.json")):   # where the data came from, which check passed
+            _copy(meta, tmp / "data" / meta.name)
         _copy(workdir / "logs", tmp / "logs")
         for log in sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log")):
             _copy(log, tmp / "logs" / "snakemake" / log.name)

@@ -49,6 +49,12 @@ UNITS = (
     (r"(^|_)MiB(_|$)", "MiB"),
     (r"(^|_)MB(_|$)", "MB"),
     (r"(^|_)GB$", "GB"),
+    (r"^seconds_to_target|^eval_s_", "s"),                         # time to accuracy (MLPerf's clock)
+    (r"^samples_to_target|_every_samples$", "samples"),
+    (r"(^epochs_to_target|^max_epochs$|^warmup_epochs$)", "epochs"),
+    (r"^image_size$", "px"),
+    (r"(^lr_(base|peak)$|^target_accuracy$)", "1"),
+    (r"(^processes$|^ranks_per_process$|_images$)", "count"),
     (r"_s$", "s"),
     (r"(^|_)bytes$", "B"),
     (r"_(elements|floats)$", "elements"),

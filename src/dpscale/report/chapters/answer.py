@@ -24,7 +24,7 @@ def speedups(data: ReportData, m: Machine) -> list[dict]:
         out.append({"k": k, "throughput": sps[k] / sps[1] if k in sps and sps.get(1) else None,
                     "tta": k * g["goodput_efficiency"] if g.get("goodput_efficiency") is not None else None,
                     "statistical_efficiency": g.get("statistical_efficiency"), "emulated": g.get("emulated", False),
-                    "samples_per_s_source": g.get("samples_per_s_source")})
+                    "samples_per_s_source": g.get("samples_per_s_source"), "no_score": g.get("no_score")})
     return out
 
 
@@ -42,10 +42,14 @@ def line(data: ReportData, m: Machine) -> str | None:
         elif r["statistical_efficiency"] is not None:
             t += f", needs {1 / r['statistical_efficiency']:.2f}x the samples to the target" + \
                 (" (emulated)" if r["emulated"] else "")
+        elif r["no_score"]:
+            t += f", time to target: {r['no_score']}" + (" (emulated)" if r["emulated"] else "")
         parts.append(f"k={r['k']}: {t}")
     who = "the book" if m.kind == "book" else m.label
     caveat = ("; smoke scale: checks the pipeline, not the book's experiment" if m.scale == "smoke" else "")
-    caveat += "; SYNTHETIC data" if "synthetic" in m.data_sources() else ""
+    sources = m.data_sources()
+    caveat += ("; SYNTHETIC data" if sources == ["synthetic"] else
+               "; some results on SYNTHETIC data (see the provenance)" if "synthetic" in sources else "")
     return f"{who}: " + "; ".join(parts) + caveat
 
 

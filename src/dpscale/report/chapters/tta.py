@@ -52,7 +52,7 @@ def tta_rows(m: Machine) -> list[dict]:
                          "epochs_min": g("epochs_to_target_min"), "epochs_max": g("epochs_to_target_max"),
                          "samples_to_target": g("samples_to_target"), "seconds_to_target": g("seconds_to_target"),
                          "seconds_min": g("seconds_to_target_min"), "seconds_max": g("seconds_to_target_max"),
-                         "eval_every_samples": g("eval_every_samples"),
+                         "eval_every_samples": g("eval_every_samples"), "max_epochs": g("max_epochs"),
                          "not_converged": ", ".join(map(str, g("not_converged_seeds") or [])) or "–",
                          "no_result_reason": g("no_result_reason") or "", "eval_s": g("eval_s_mean"),
                          "runs": g("runs") or []})
@@ -89,6 +89,14 @@ def forecast_provider(data: ReportData, m: Machine) -> tta.Provider:
     return provide
 
 
+def no_score_text(r: dict) -> str:
+    """Why a time-to-accuracy point has no score, short: the first screen's words."""
+    bad = [x for x in r["not_converged"].split(", ") if x not in ("", "–")]
+    if len(bad) > 1 and r["max_epochs"]:
+        return f"{r['target_accuracy']:.0%} not reached within {r['max_epochs']:g} epochs by {len(bad)} seeds: no score"
+    return "no score: " + (r["no_result_reason"] or "not scored")
+
+
 def goodput_rows(data: ReportData, m: Machine) -> list[dict]:
     provider = tta.chained(tta.measured_provider(weak_samples_per_s(m)), forecast_provider(data, m))
     book = weak_samples_per_s(data.book)
@@ -97,10 +105,12 @@ def goodput_rows(data: ReportData, m: Machine) -> list[dict]:
         mine = [r for r in tta_rows(m) if r["lr_rule"] == rule]
         pts = [{"k": r["k"], "samples_to_target": r["samples_to_target"], "eval_s": r["eval_s"],
                 "emulated": r["run"] == "emulated"} for r in mine]
+        unscored = {r["k"]: no_score_text(r) for r in mine if r["epochs_to_target"] is None}
         for row in tta.goodput(pts, provider):
             k = row["k"]
             rows.append({"machine": m.label, "lr_rule": rule, "run": "emulated" if row["emulated"] else "real DDP",
-                         **row, "book_weak_efficiency": book[k] / (k * book[1]) if k in book and 1 in book else None})
+                         **row, "book_weak_efficiency": book[k] / (k * book[1]) if k in book and 1 in book else None,
+                         "no_score": unscored.get(k)})
     return rows
 
 

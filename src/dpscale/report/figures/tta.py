@@ -32,17 +32,33 @@ def tta_epochs(data: ReportData):
                     [r["epochs_min"] for r in pts], [r["epochs_max"] for r in pts],
                     [r["run"] == "emulated" for r in pts], kit.color_of(data, m), ls, mk)
             rules.add(rule)
-        used += [m] if rows else []
+        unscored = _unscored(ax, m, data)
+        used += [m] if rows or unscored else []
     if not used:
         kit.empty(ax, "No time-to-accuracy result with a score (two or more seeds that did not converge, "
                       "or none planned).")
         return fig
     kit.log2_axis(ax, "global batch (k x per-rank batch)")
     ax.set_ylabel("epochs to target")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, max(ax.get_ylim()[1], 1.15 * max((r["max_epochs"] or 0 for m in used for r in tta_rows(m)),
+                                                     default=0)))
     entries = kit.machine_entries(data, used) + _style_entries(rules)
     kit.legend(fig, entries, ncol=3)
     return fig
+
+
+def _unscored(ax, m, data: ReportData) -> bool:
+    """A point without a score (two or more seeds missed the target within the budget)
+    is drawn at its budget with an upward arrow: epochs to target > max_epochs."""
+    rows = [r for r in tta_rows(m) if r["epochs_to_target"] is None and r["max_epochs"]]
+    for r in rows:
+        ax.annotate("", xy=(r["global_batch"], r["max_epochs"] * 1.08), xytext=(r["global_batch"], r["max_epochs"]),
+                    arrowprops={"arrowstyle": "->", "color": kit.color_of(data, m)})
+        ax.plot([r["global_batch"]], [r["max_epochs"]], marker="_", ms=14, mew=2, color=kit.color_of(data, m))
+        ax.annotate(f"{r['lr_rule']} LR: not reached in {r['max_epochs']:g} epochs", (r["global_batch"], r["max_epochs"]),
+                    xytext=(-6, -12 if r["lr_rule"] == "book" else -24), textcoords="offset points", ha="right",
+                    fontsize=8, color=kit.color_of(data, m))
+    return bool(rows)
 
 
 def _style_entries(rules) -> list[tuple]:
