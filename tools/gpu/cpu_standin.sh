@@ -12,5 +12,5 @@ cp -a "$src/." "$work/" && cd "$work" && rm -rf results logs .snakemake
 export CUDA_VISIBLE_DEVICES="" KS=${KS:-[1,2,4,8]}
 TARGETS=${TARGETS:-report} taskset -c "${CORES:-2-15}" bash tools/gpu/run.sh "$1" scale=smoke \
   "locks={dir: $work/locks}" "${@:2}"
-PYTHONPATH=$work/src python3 -m dpscale.cli forecast results --no-book --json "$OUT/forecast.json" > "$OUT/forecast.txt" 2>&1
+PYTHONPATH=$work/src:/tmp/site python3 -m dpscale.cli forecast results --no-book --json "$OUT/forecast.json" > "$OUT/forecast.txt" 2>&1
 cat "$OUT/forecast.txt" | head -120
