@@ -95,11 +95,25 @@ def test_a_sample_reads_every_field_and_a_missing_one_is_none():
 
 
 def test_another_process_flags_shared_and_a_slowdown_flags_throttled():
-    rec = recorder({"GPU-a": {"reasons": 0x4 | 0x1, "procs": [(101, 2048), (555, 900)]}})
+    rec = recorder({"GPU-a": {"reasons": 0x8 | 0x1, "procs": [(101, 2048), (555, 900)]}})
     rec.take("before")
     st = gpustate.summarise([rec.record()], own_pids=[101])
-    assert st["flags"] == ["shared", "throttled: sw_power_cap"]
+    assert st["flags"] == ["shared", "throttled: hw_slowdown"]
     assert [p["pid"] for p in st["devices"][0]["other_processes"]] == [555]
+
+
+def test_the_power_cap_flags_only_when_it_cost_clock():
+    """An H200 at full load sits at its power cap at 1965 of 1980 MHz: recorded, not
+    flagged. The same reason at 80% of the maximum clock flags."""
+    rec = recorder({"GPU-a": {"reasons": 0x4, "procs": [(101, 10)]}})
+    rec.take("after")
+    st = gpustate.summarise([rec.record()], own_pids=[101])
+    assert st["flags"] == [] and st["devices"][0]["samples"][0]["clock_event_reasons"] == ["sw_power_cap"]
+    capped = {"sm_clock_MHz": 1584, "sm_clock_max_MHz": 1980, "clock_event_reasons": ["sw_power_cap", "gpu_idle"]}
+    assert gpustate.slowdowns_of(capped) == {"sw_power_cap"}
+    assert gpustate.slowdowns_of({**capped, "sm_clock_MHz": 1965}) == set()
+    assert gpustate.slowdowns_of({**capped, "clock_event_reasons": ["hw_thermal_slowdown"], "sm_clock_MHz": 1965}) \
+        == {"hw_thermal_slowdown"}
 
 
 def test_idle_and_application_clocks_are_settings_not_throttling():

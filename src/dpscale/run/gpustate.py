@@ -9,9 +9,11 @@ on the device (pid, name, used memory). `summarise` turns the samples into the
 result's `gpu_state` record and its `flags`:
 
 - "shared": a process other than the job's own holds the device;
-- "throttled: <reason>": a slowdown reason (power cap, thermal, hardware
-  slowdown, board limit) was active at a sample. Idle clocks, application-clock
-  settings and sync boost are settings, not slowdowns, and do not flag.
+- "throttled: <reason>": a slowdown reason (thermal, hardware slowdown, power
+  brake, board limit; the power cap when the SM clock was under 95% of its
+  maximum) was active at a sample. Idle clocks, application-clock settings and
+  sync boost are settings, not slowdowns, and do not flag; every sample's raw
+  reasons stay in the record.
 
 `apply_policy` turns flags into a failed status where the config
 (gpu_state: {on_shared, on_throttle}) says fail. Without nvidia-ml-py, or with
@@ -34,6 +36,22 @@ import time
 # Reasons that mean the device ran slower than it could while busy.
 SLOWDOWNS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
                        "hw_power_brake_slowdown", "board_limit", "reliability"})
+# The power cap is where a busy H200 lives, at full clock or not: one H200 reported
+# sw_power_cap at 1965 of 1980 MHz (99%, a fp32 run) and at 1725 MHz (87%, the tuned
+# bf16 step at 693 of 700 W). Only the second is a slowdown worth a flag, so the power
+# cap flags only when the SM clock at that sample was under this fraction of its
+# maximum (5% of clock moves a compute-bound number past the launch-to-launch spread
+# of ~1%). The thermal, hardware and power-brake slowdowns always flag.
+POWER_CAP_CLOCK_FRACTION = 0.95
+CLOCK_CHECKED = frozenset({"sw_power_cap"})
+
+
+def slowdowns_of(sample: dict) -> set[str]:
+    """The slowdown reasons of one sample that cost speed (see POWER_CAP_CLOCK_FRACTION)."""
+    sm, top = sample.get("sm_clock_MHz"), sample.get("sm_clock_max_MHz")
+    full_clock = bool(sm and top and sm >= POWER_CAP_CLOCK_FRACTION * top)
+    return {x for x in (sample.get("clock_event_reasons") or [])
+            if x in SLOWDOWNS and not (x in CLOCK_CHECKED and full_clock)}
 _PREFIXES = ("nvmlClocksEventReason", "nvmlClocksThrottleReason")   # new names, then the old ones
 
 
@@ -197,7 +215,7 @@ def summarise(records: list[dict], own_pids) -> dict:
     devices, shared, slow = [], False, set()
     for d in (d for r in records for d in r["devices"]):
         others, by_count = _others(d["samples"], own)
-        reasons = sorted({x for s in d["samples"] for x in (s.get("clock_event_reasons") or []) if x in SLOWDOWNS})
+        reasons = sorted({x for s in d["samples"] for x in slowdowns_of(s)})
         devices.append({**d, "other_processes": others, "slowdowns": reasons,
                         **({"pids_by_count": True} if by_count else {})})
         shared |= bool(others)
