@@ -17,7 +17,7 @@ FIGURES = (FigureSpec("tta_epochs", "Epochs to the target accuracy against the g
                                      "and statistical efficiency"))
 TTA_COLUMNS = ["machine", "lr_rule", "k", "run", "global_batch", "target_accuracy", "seeds", "epochs_to_target",
                "epochs_min", "epochs_max", "samples_to_target", "seconds_to_target", "seconds_min", "seconds_max",
-               "eval_every_samples", "not_converged", "no_result_reason"]
+               "eval_every_samples", "not_converged", "not_launched", "no_result_reason"]
 GOODPUT_COLUMNS = ["machine", "lr_rule", "k", "run", "samples_to_target", "samples_per_s", "samples_per_s_source",
                    "time_to_accuracy_s", "statistical_efficiency", "hardware_efficiency", "goodput_efficiency",
                    "book_weak_efficiency"]
@@ -54,6 +54,7 @@ def tta_rows(m: Machine) -> list[dict]:
                          "seconds_min": g("seconds_to_target_min"), "seconds_max": g("seconds_to_target_max"),
                          "eval_every_samples": g("eval_every_samples"), "max_epochs": g("max_epochs"),
                          "not_converged": ", ".join(map(str, g("not_converged_seeds") or [])) or "–",
+                         "not_launched": ", ".join(map(str, g("not_launched_seeds") or [])) or "–",
                          "no_result_reason": g("no_result_reason") or "", "eval_s": g("eval_s_mean"),
                          "runs": g("runs") or []})
     return rows
