@@ -117,8 +117,20 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
+def local_env(base: dict | None = None, **extra) -> dict:
+    """The environment of a local Snakemake run (no SLURM): `base` (default: ours) with
+    SLURM_CONF=/dev/null. Snakemake imports every installed executor plugin when it
+    starts, and the SLURM plugin (installed for test_slurm.py) asks `scontrol show
+    config` for MinJobAge then: with SLURM's client installed and no slurmctld running,
+    scontrol retries the controller for 9 s (10 s: no slurm.conf and no DNS), every
+    start. An empty config makes it fail at once; a local run reads no SLURM setting.
+    test_slurm.py's runs drop every SLURM_ variable (its clean_env)."""
+    return {**(os.environ if base is None else base), "SLURM_CONF": os.devnull, **extra}
+
+
 def smk(cwd, *args, check=True, timeout=900, env=None):
-    p = subprocess.run([SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    p = subprocess.run([SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                       env=local_env(env))
     if check and p.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed:\n{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
     return p

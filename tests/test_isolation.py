@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SMALL, SNAKEMAKE, copy_repo, env_with_src, job_counts, make_spec, run_job, smk
+from conftest import (ROOT, SMALL, SNAKEMAKE, copy_repo, env_with_src, job_counts, local_env, make_spec, run_job,
+                      smk)
 
 from dpscale.plan import config
 from dpscale.run import devices, flight, joblogs, launch, lifeline
@@ -342,7 +343,7 @@ def test_kill9_of_snakemake_main_alone_leaves_no_process(tmp_path):
     is alive 15 s after the kill was left alive by the kill, not still finishing."""
     repo = copy_repo(tmp_path / "repo")
     cfg = workflow_config(tmp_path)
-    env = {**os.environ, "DPSCALE_FAULT": "hang:rank=0:at=init"}
+    env = local_env(DPSCALE_FAULT="hang:rank=0:at=init")
     with open(tmp_path / "first.log", "w") as out:
         main = subprocess.Popen([SNAKEMAKE, "--cores", "2", "report", *cfg], cwd=repo, start_new_session=True,
                                 stdout=out, stderr=subprocess.STDOUT, env=env)

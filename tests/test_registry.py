@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
 import subprocess
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from conftest import CPU_FP, ROOT
@@ -41,7 +43,13 @@ def _resolved(**over):
 
 def planned_jobs(workdir: Path, config: dict) -> dict[str, list[str]]:
     """{rule: outputs} of an in-process dry run of the workflow (Snakemake's API), so a
-    registry patched in this process is the one the Snakefile reads."""
+    registry patched in this process is the one the Snakefile reads. No SLURM: see
+    conftest.local_env (the SLURM plugin's scontrol call when snakemake is imported)."""
+    with mock.patch.dict(os.environ, {"SLURM_CONF": os.devnull}):
+        return _planned_jobs(workdir, config)
+
+
+def _planned_jobs(workdir: Path, config: dict) -> dict[str, list[str]]:
     from snakemake.api import SnakemakeApi
     from snakemake.settings.enums import Quietness
     from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings

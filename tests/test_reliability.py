@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SMALL, SNAKEMAKE, copy_repo, make_spec, run_job, smk
+from conftest import ROOT, SMALL, SNAKEMAKE, copy_repo, local_env, make_spec, run_job, smk
 
 from dpscale import data, results
 
@@ -69,7 +69,7 @@ def test_kill9_then_plain_rerun_completes(tmp_path):
     repo = copy_repo(tmp_path)
     cfg = ["--config", *SMALL, "ks=[1,2]", "experiments=[ddp_weak,allreduce]"]
     proc = subprocess.Popen([SNAKEMAKE, "--cores", "2", "report", *cfg], cwd=repo, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=local_env())
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and len(_result_files(repo) if (repo / "results/runs").exists() else {}) < 3:
         time.sleep(0.5)
@@ -207,7 +207,7 @@ def test_second_run_in_same_folder_is_refused(tmp_path):
     repo = copy_repo(tmp_path)
     cfg = ["--config", *SMALL, "ks=[1]", "experiments=[ddp_weak]"]
     first = subprocess.Popen([SNAKEMAKE, "--cores", "1", "report", *cfg], cwd=repo, start_new_session=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=local_env())
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not list((repo / ".snakemake/locks").glob("*.lock")):
