@@ -215,6 +215,13 @@ def predict(m: fc.StepModel, weak_b, strong_g, k: int) -> dict:
            "allreduce_ring_ms": 1e3 * fc.allreduce_time(m, k),
            "allreduce_tree_ms": 1e3 * fc.allreduce_time(m, k, fc.tree_time),
            "straggler_ms": 1e3 * m.sigma_s * fc.expected_max_normal(k)}
+    out.update(scaling(m, weak_b, strong_g, k))
+    return out
+
+
+def scaling(m: fc.StepModel, weak_b, strong_g, k: int) -> dict:
+    """The efficiencies and step times at k: what a band spans (predict's last keys)."""
+    out = {}
     if weak_b:
         out.update(weak_efficiency=fc.weak_efficiency(m, weak_b, k), weak_step_ms=1e3 * fc.step_time(m, weak_b, k))
     if strong_g and strong_g / k >= 1:
@@ -238,10 +245,9 @@ def band(results, framework, variant, cfg, ks, build_kw: dict) -> dict[int, dict
     draws: dict = {}
     for _ in range(int(cfg["bootstrap_draws"])):
         m = build(results, framework, variant, cfg, rng=rng, **build_kw)
-        for k in ks:
-            for key, v in predict(m, wb, sg, k).items():
-                if key in ("weak_efficiency", "strong_efficiency", "weak_step_ms", "strong_step_ms") and v is not None:
-                    draws.setdefault((k, key), []).append(v)
+        for k in ks:   # scaling(), not predict(): the band needs none of the components
+            for key, v in scaling(m, wb, sg, k).items():
+                draws.setdefault((k, key), []).append(v)
     tail = 100 * (1 - cfg["band_level"]) / 2
     out: dict = {}
     for (k, key), vs in draws.items():
