@@ -67,7 +67,9 @@ def _incomplete(repo: Path) -> set[str]:
 @pytest.mark.slow
 def test_kill9_then_plain_rerun_completes(tmp_path):
     repo = copy_repo(tmp_path)
-    cfg = ["--config", *SMALL, "ks=[1,2]", "experiments=[ddp_weak,allreduce]"]
+    # four jobs (DDP seed and cached, all-reduce default and memcpy, at k=2): the kill
+    # comes as the third result appears, so some are done and one is running
+    cfg = ["--config", *SMALL, "ks=[2]", "experiments=[ddp_weak,allreduce]"]
     proc = subprocess.Popen([SNAKEMAKE, "--cores", "2", "report", *cfg], cwd=repo, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=local_env())
     deadline = time.monotonic() + 300
@@ -228,7 +230,7 @@ def test_measurements_never_overlap(repo_after_smoke):
         if r["status"] == "ok":
             spans.append((r["started_utc"], r["finished_utc"], p.name))
     spans.sort()
-    assert len(spans) == 4
+    assert len(spans) == 2
     for (s0, f0, a), (s1, f1, b) in zip(spans, spans[1:]):
         assert s1 >= f0, f"{a} ({s0}..{f0}) overlaps {b} ({s1}..{f1})"
 
@@ -236,8 +238,10 @@ def test_measurements_never_overlap(repo_after_smoke):
 @pytest.fixture(scope="module")
 def repo_after_smoke(tmp_path_factory):
     repo = copy_repo(tmp_path_factory.mktemp("smoke"))
-    # four measurement jobs (seed and cached at k=1 and k=2) on two cores: enough to overlap
-    smk(repo, "--cores", "2", "report", "--config", *SMALL, "ks=[1,2]", "experiments=[ddp_weak]")
+    # two measurement jobs (seed and cached at k=1, one process each) on two cores, both
+    # ready once the resize is: Snakemake would start them together but for measure=1
+    # (and then the one waiting for cpu-0's device lock would start late)
+    smk(repo, "--cores", "2", "report", "--config", *SMALL, "ks=[1]", "experiments=[ddp_weak]")
     return repo
 
 
@@ -267,7 +271,7 @@ def test_unwritable_results_folder_fails_clearly_and_keeps_artifact(repo_after_s
         pytest.skip("this filesystem does not support the immutable attribute")
     try:
         p = smk(repo_after_smoke, "--cores", "1", target.relative_to(repo_after_smoke).as_posix(), "--config",
-                *SMALL, "ks=[1,2]", "experiments=[ddp_weak]", "--forcerun", "ddp_weak",
+                *SMALL, "ks=[1]", "experiments=[ddp_weak]", "--forcerun", "ddp_weak",
                 check=False)
     finally:
         subprocess.run(["chattr", "-i", str(folder)])
