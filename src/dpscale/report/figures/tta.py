@@ -57,7 +57,7 @@ def _unscored(ax, m, data: ReportData) -> bool:
         ax.plot([r["global_batch"]], [r["max_epochs"]], marker="_", ms=14, mew=2, color=kit.color_of(data, m))
         ax.annotate(f"{r['lr_rule']} LR: not reached in {r['max_epochs']:g} epochs", (r["global_batch"], r["max_epochs"]),
                     xytext=(-6, -12 if r["lr_rule"] == "book" else -24), textcoords="offset points", ha="right",
-                    fontsize=8, color=kit.color_of(data, m))
+                    fontsize=kit.MIN_FONT_PT, color=kit.color_of(data, m))
     return bool(rows)
 
 
