@@ -59,6 +59,14 @@ def tiny_data(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """The report of tests/report_fixtures.py's results, built once a session (~15 s):
+    test_report.py and test_browser.py read it and write nothing into it."""
+    from report_fixtures import build_fixture
+    return build_fixture(tmp_path_factory.mktemp("report"))
+
+
 def make_spec(tiny_data, experiment, k, variant="default", limit_s=120, proto=None, fp=None, inputs=None):
     resolved = {"scale": "smoke", "protocol": {**TINY, **(proto or {})}, "ks": [1, 2], "tuned": False,
                 "watchdog": {"hang_timeout_s": limit_s, "grace_s": 3}, "experiments": [experiment]}
