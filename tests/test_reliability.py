@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SMALL, SNAKEMAKE, copy_repo, local_env, make_spec, run_job, smk
+from conftest import ROOT, SMALL, SNAKEMAKE, TORCHRUN_EXPERIMENTS, copy_repo, local_env, make_spec, run_job, smk
 
 from dpscale import data, results
 
@@ -151,32 +151,12 @@ def test_corrupted_cache_fails_the_job_naming_it(tiny_data, tmp_path):
 
 # ---------------------------------------------------------------- 4. ranks die or hang
 
-TORCHRUN_EXPERIMENTS = ["ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "ddp_bucket_sweep", "fsdp"]
-
-
-@pytest.fixture(scope="module")
-def crashed_runs(tiny_data, tmp_path_factory):
-    """All six crash cases at once: each is mostly the start-up of torchrun and two
-    ranks (a rank crashes at its first step), which share two cores better side by side
-    than one after another (~1 core each)."""
-    from concurrent.futures import ThreadPoolExecutor
-    root = tmp_path_factory.mktemp("crashes")
-
-    def one(experiment):
-        variant = ("cached" if experiment.startswith("ddp_") and "probe" not in experiment
-                   and "sweep" not in experiment else "default")
-        spec = make_spec(tiny_data, experiment, 2, variant, inputs={"allreduce": {}})
-        return run_job(spec, root / experiment, fault="crash:rank=1")
-    with ThreadPoolExecutor(len(TORCHRUN_EXPERIMENTS)) as pool:
-        return dict(zip(TORCHRUN_EXPERIMENTS, pool.map(one, TORCHRUN_EXPERIMENTS))), root
-
-
 @pytest.mark.multiproc
 @pytest.mark.parametrize("experiment", TORCHRUN_EXPERIMENTS)
 def test_rank_crash_fails_job_with_log(crashed_runs, experiment):
-    runs, root = crashed_runs
-    rc, res, log = runs[experiment]
-    tmp_path = root / experiment
+    crashed_runs.run_all(TORCHRUN_EXPERIMENTS)   # the first test starts all six, side by side
+    rc, res, log = crashed_runs[experiment]
+    tmp_path = crashed_runs.folder(experiment)
     assert "injected fault: rank 1 crashes at step" in (tmp_path / "k.rank1.log").read_text()
     # recorded, not raised: the watchdog exits 0 so that the report still builds
     assert rc == 0 and res["status"] == "failed", log
