@@ -166,6 +166,24 @@ def copy_repo(dest: Path) -> Path:
     return dest
 
 
+@pytest.fixture(scope="session")
+def primed(tmp_path_factory) -> Path:
+    """A copy of the workflow whose data stage has run at SMALL's size (download,
+    resize), with Snakemake's records of it. The fault tests' workflows start from a
+    copy of it (copy_primed) and plan the measurements and the report only: each ran
+    those two jobs again (~13 s) and none is about them. test_workflow.py and
+    test_slurm.py run the data stage in a fresh copy."""
+    repo = copy_repo(tmp_path_factory.mktemp("primed"))
+    smk(repo, "--cores", "2", "results/data/fmnist_16px.npz", "--config", *SMALL)
+    return repo
+
+
+def copy_primed(primed: Path, dest: Path) -> Path:
+    """`primed` (the fixture) copied to dest, Snakemake's records and file times kept."""
+    shutil.copytree(primed, dest, symlinks=True, dirs_exist_ok=True)
+    return dest
+
+
 def local_env(base: dict | None = None, **extra) -> dict:
     """The environment of a local Snakemake run (no SLURM): `base` (default: ours) with
     SLURM_CONF=/dev/null. Snakemake imports every installed executor plugin when it

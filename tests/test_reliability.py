@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SMALL, SNAKEMAKE, TORCHRUN_EXPERIMENTS, copy_repo, local_env, make_spec, run_job, smk
+from conftest import (ROOT, SMALL, SNAKEMAKE, TORCHRUN_EXPERIMENTS, copy_primed, copy_repo, local_env, make_spec,
+                      run_job, smk)
 
 from dpscale import data, results
 
@@ -65,8 +66,8 @@ def _incomplete(repo: Path) -> set[str]:
 
 @pytest.mark.workflow
 @pytest.mark.slow
-def test_kill9_then_plain_rerun_completes(tmp_path):
-    repo = copy_repo(tmp_path)
+def test_kill9_then_plain_rerun_completes(primed, tmp_path):
+    repo = copy_primed(primed, tmp_path)
     # four jobs (DDP seed and cached, all-reduce default and memcpy, at k=2): the kill
     # comes as the third result appears, so some are done and one is running
     cfg = ["--config", *SMALL, "ks=[2]", "experiments=[ddp_weak,allreduce]"]
@@ -233,11 +234,11 @@ def test_measurements_never_overlap(repo_after_smoke):
 
 
 @pytest.fixture(scope="module")
-def repo_after_smoke(tmp_path_factory):
-    repo = copy_repo(tmp_path_factory.mktemp("smoke"))
+def repo_after_smoke(primed, tmp_path_factory):
+    repo = copy_primed(primed, tmp_path_factory.mktemp("smoke"))
     # two measurement jobs (seed and cached at k=1, one process each) on two cores, both
-    # ready once the resize is: Snakemake would start them together but for measure=1
-    # (and then the one waiting for cpu-0's device lock would start late)
+    # ready at once (the data stage is done): Snakemake would start them together but for
+    # measure=1 (and then the one waiting for cpu-0's device lock would start late)
     smk(repo, "--cores", "2", "report", "--config", *SMALL, "ks=[1]", "experiments=[ddp_weak]")
     return repo
 
