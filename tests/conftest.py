@@ -59,6 +59,14 @@ def tiny_data(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """The report of tests/report_fixtures.py's results, built once a session (~15 s):
+    test_report.py and test_browser.py read it and write nothing into it."""
+    from report_fixtures import build_fixture
+    return build_fixture(tmp_path_factory.mktemp("report"))
+
+
 def make_spec(tiny_data, experiment, k, variant="default", limit_s=120, proto=None, fp=None, inputs=None):
     resolved = {"scale": "smoke", "protocol": {**TINY, **(proto or {})}, "ks": [1, 2], "tuned": False,
                 "watchdog": {"hang_timeout_s": limit_s, "grace_s": 3}, "experiments": [experiment]}
@@ -95,6 +103,46 @@ def run_job(spec: dict, out_dir: Path, fault: str = "", timeout: float = 240,
     return rc, res, log.read_text()
 
 
+# Every experiment that runs under torchrun: its crash and hang cases (test_reliability.py).
+TORCHRUN_EXPERIMENTS = ["ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "ddp_bucket_sweep", "fsdp"]
+
+
+class CrashedRuns:
+    """Jobs at k=2 whose rank 1 raises at its first step (DPSCALE_FAULT=crash:rank=1),
+    each run once a session: test_reliability.py runs all six side by side (each is
+    mostly torch's start-up, ~1 core), test_torch.py reads ddp_weak's. (rc, result, log)
+    as run_job returns them; the job's files are under folder(experiment)."""
+
+    def __init__(self, tiny_data: Path, root: Path):
+        self.tiny_data, self.root, self.done = tiny_data, root, {}
+
+    def folder(self, experiment: str) -> Path:
+        return self.root / experiment
+
+    def _run(self, experiment: str):
+        variant = ("cached" if experiment.startswith("ddp_") and "probe" not in experiment
+                   and "sweep" not in experiment else "default")
+        spec = make_spec(self.tiny_data, experiment, 2, variant, inputs={"allreduce": {}})
+        return run_job(spec, self.folder(experiment), fault="crash:rank=1")
+
+    def run_all(self, experiments) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+        todo = [e for e in experiments if e not in self.done]
+        if todo:
+            with ThreadPoolExecutor(len(todo)) as pool:
+                self.done.update(zip(todo, pool.map(self._run, todo)))
+
+    def __getitem__(self, experiment: str):
+        if experiment not in self.done:
+            self.done[experiment] = self._run(experiment)
+        return self.done[experiment]
+
+
+@pytest.fixture(scope="session")
+def crashed_runs(tiny_data, tmp_path_factory) -> CrashedRuns:
+    return CrashedRuns(tiny_data, tmp_path_factory.mktemp("crashes"))
+
+
 # ---------------------------------------------------------------- workflow helpers
 
 import re  # noqa: E402
@@ -115,6 +163,24 @@ def copy_repo(dest: Path) -> Path:
         if src.is_file():
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / f)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def primed(tmp_path_factory) -> Path:
+    """A copy of the workflow whose data stage has run at SMALL's size (download,
+    resize), with Snakemake's records of it. The fault tests' workflows start from a
+    copy of it (copy_primed) and plan the measurements and the report only: each ran
+    those two jobs again (~13 s) and none is about them. test_workflow.py and
+    test_slurm.py run the data stage in a fresh copy."""
+    repo = copy_repo(tmp_path_factory.mktemp("primed"))
+    smk(repo, "--cores", "2", "results/data/fmnist_16px.npz", "--config", *SMALL)
+    return repo
+
+
+def copy_primed(primed: Path, dest: Path) -> Path:
+    """`primed` (the fixture) copied to dest, Snakemake's records and file times kept."""
+    shutil.copytree(primed, dest, symlinks=True, dirs_exist_ok=True)
     return dest
 
 

@@ -169,3 +169,23 @@ def write_gpu_paper(root: Path) -> None:
     planned = [t.split("/runs/", 1)[1] for t in targets] + ["jax_hlo/default/k8.json"]   # one never ran
     write_json_atomic(root / "fingerprint.json", GPU_FP)
     write_json_atomic(root / "plan.json", {"targets": planned, "command": "snakemake --cores 8 report"})
+
+
+def build_fixture(tmp: Path, **kw) -> dict:
+    """The report of the fixture results (this run, a kept 8 x H200, the book), built
+    under tmp; what the tests read of it. conftest's `built` builds it once a session."""
+    import html as htmllib
+
+    from dpscale import report
+    runs = tmp / "results" / "runs"
+    targets = write_cpu_smoke(runs)
+    write_json_atomic(tmp / "results" / "fingerprint.json", CPU_FP)
+    write_gpu_paper(tmp / "reference" / "h200x8")
+    out = tmp / "results" / "report"
+    info = {"command": "snakemake --cores 2 report", "config_hash": "c0ffee",
+            "resolved": {"ks": [1, 2, 4], "forecast": {"bootstrap_draws": 20}}}
+    summary = report.build(runs, tmp / "results" / "fingerprint.json", out, targets=targets,
+                           references=[tmp / "reference"], book_path=BOOK, build_info=info, **kw)
+    raw = (out / "report.html").read_text()
+    return {"tmp": tmp, "out": out, "summary": summary, "raw_html": raw, "targets": targets,
+            "html": htmllib.unescape(raw), "md": (out / "report.md").read_text()}

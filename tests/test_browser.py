@@ -131,10 +131,8 @@ def assert_legible(found: dict[int, dict], n_figures: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def fixture_report(tmp_path_factory):
-    sys.path.insert(0, str(Path(__file__).parent))
-    from test_report import build_fixture   # the same fixture results as the report's own tests
-    return build_fixture(tmp_path_factory.mktemp("browser"))["out"] / "report.html"
+def fixture_report(built):
+    return built["out"] / "report.html"   # conftest's: the report test_report.py checks
 
 
 def test_report_renders_in_chromium(fixture_report, tmp_path):

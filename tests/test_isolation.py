@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (ROOT, SMALL, SNAKEMAKE, copy_repo, env_with_src, job_counts, local_env, make_spec, run_job,
-                      smk)
+from conftest import (ROOT, SMALL, SNAKEMAKE, copy_primed, env_with_src, job_counts, local_env, make_spec,
+                      run_job, smk)
 
 from dpscale.plan import config
 from dpscale.run import devices, flight, joblogs, launch, lifeline
@@ -338,12 +338,12 @@ def workflow_config(tmp_path: Path) -> list[str]:
 
 @pytest.mark.workflow
 @pytest.mark.slow
-def test_kill9_of_snakemake_main_alone_leaves_no_process(tmp_path):
+def test_kill9_of_snakemake_main_alone_leaves_no_process(primed, tmp_path):
     """Before the ancestry watch, the job's shell, the watchdog, torchrun and the ranks
     lived on, re-parented to init, until the watchdog's limit. A smoke job ends by
     itself in ~10 s, so here the first run's ranks wait at init (a hang fault): what
     is alive 15 s after the kill was left alive by the kill, not still finishing."""
-    repo = copy_repo(tmp_path / "repo")
+    repo = copy_primed(primed, tmp_path / "repo")
     cfg = workflow_config(tmp_path)
     env = local_env(DPSCALE_FAULT="hang:rank=0:at=init")
     with open(tmp_path / "first.log", "w") as out:
@@ -375,8 +375,8 @@ def status_rows(repo: Path) -> dict[str, dict]:
 
 @pytest.mark.workflow
 @pytest.mark.slow
-def test_a_crashed_job_is_reported_and_a_plain_rerun_retries_it_only(tmp_path):
-    repo = copy_repo(tmp_path / "repo")
+def test_a_crashed_job_is_reported_and_a_plain_rerun_retries_it_only(primed, tmp_path):
+    repo = copy_primed(primed, tmp_path / "repo")
     cfg = workflow_config(tmp_path)
     victim = "ddp_weak/cached/k2"
     fault = {**os.environ, "DPSCALE_FAULT": f"crash:rank=1:job={victim}"}

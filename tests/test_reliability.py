@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SMALL, SNAKEMAKE, copy_repo, local_env, make_spec, run_job, smk
+from conftest import (ROOT, SMALL, SNAKEMAKE, TORCHRUN_EXPERIMENTS, copy_primed, copy_repo, local_env, make_spec,
+                      run_job, smk)
 
 from dpscale import data, results
 
@@ -65,8 +66,8 @@ def _incomplete(repo: Path) -> set[str]:
 
 @pytest.mark.workflow
 @pytest.mark.slow
-def test_kill9_then_plain_rerun_completes(tmp_path):
-    repo = copy_repo(tmp_path)
+def test_kill9_then_plain_rerun_completes(primed, tmp_path):
+    repo = copy_primed(primed, tmp_path)
     # four jobs (DDP seed and cached, all-reduce default and memcpy, at k=2): the kill
     # comes as the third result appears, so some are done and one is running
     cfg = ["--config", *SMALL, "ks=[2]", "experiments=[ddp_weak,allreduce]"]
@@ -151,32 +152,12 @@ def test_corrupted_cache_fails_the_job_naming_it(tiny_data, tmp_path):
 
 # ---------------------------------------------------------------- 4. ranks die or hang
 
-TORCHRUN_EXPERIMENTS = ["ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "ddp_bucket_sweep", "fsdp"]
-
-
-@pytest.fixture(scope="module")
-def crashed_runs(tiny_data, tmp_path_factory):
-    """All six crash cases at once: each is mostly the start-up of torchrun and two
-    ranks (a rank crashes at its first step), which share two cores better side by side
-    than one after another (~1 core each)."""
-    from concurrent.futures import ThreadPoolExecutor
-    root = tmp_path_factory.mktemp("crashes")
-
-    def one(experiment):
-        variant = ("cached" if experiment.startswith("ddp_") and "probe" not in experiment
-                   and "sweep" not in experiment else "default")
-        spec = make_spec(tiny_data, experiment, 2, variant, inputs={"allreduce": {}})
-        return run_job(spec, root / experiment, fault="crash:rank=1")
-    with ThreadPoolExecutor(len(TORCHRUN_EXPERIMENTS)) as pool:
-        return dict(zip(TORCHRUN_EXPERIMENTS, pool.map(one, TORCHRUN_EXPERIMENTS))), root
-
-
 @pytest.mark.multiproc
 @pytest.mark.parametrize("experiment", TORCHRUN_EXPERIMENTS)
 def test_rank_crash_fails_job_with_log(crashed_runs, experiment):
-    runs, root = crashed_runs
-    rc, res, log = runs[experiment]
-    tmp_path = root / experiment
+    crashed_runs.run_all(TORCHRUN_EXPERIMENTS)   # the first test starts all six, side by side
+    rc, res, log = crashed_runs[experiment]
+    tmp_path = crashed_runs.folder(experiment)
     assert "injected fault: rank 1 crashes at step" in (tmp_path / "k.rank1.log").read_text()
     # recorded, not raised: the watchdog exits 0 so that the report still builds
     assert rc == 0 and res["status"] == "failed", log
@@ -253,12 +234,14 @@ def test_measurements_never_overlap(repo_after_smoke):
 
 
 @pytest.fixture(scope="module")
-def repo_after_smoke(tmp_path_factory):
-    repo = copy_repo(tmp_path_factory.mktemp("smoke"))
+def repo_after_smoke(primed, tmp_path_factory):
+    repo = copy_primed(primed, tmp_path_factory.mktemp("smoke"))
     # two measurement jobs (seed and cached at k=1, one process each) on two cores, both
-    # ready once the resize is: Snakemake would start them together but for measure=1
-    # (and then the one waiting for cpu-0's device lock would start late)
-    smk(repo, "--cores", "2", "report", "--config", *SMALL, "ks=[1]", "experiments=[ddp_weak]")
+    # ready at once (the data stage is done): Snakemake would start them together but for
+    # measure=1 (and then the one waiting for cpu-0's device lock would start late). The
+    # two results are the targets: what reads them here is the tests below, not a report.
+    smk(repo, "--cores", "2", "results/runs/ddp_weak/seed/k1.json", "results/runs/ddp_weak/cached/k1.json",
+        "--config", *SMALL, "ks=[1]", "experiments=[ddp_weak]")
     return repo
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import html as htmllib
 import json
 import re
 import subprocess
@@ -12,35 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from report_fixtures import (BOOK, CPU_FP, HUNG_REASON, ROOT, SKIP_K4, SKIP_MEMCPY, write_cpu_smoke,
-                             write_gpu_paper)
+from report_fixtures import BOOK, CPU_FP, HUNG_REASON, ROOT, SKIP_K4, SKIP_MEMCPY, write_cpu_smoke
 
 from dpscale.analysis import costmodel
 from dpscale import report
 from dpscale.report.chapters import csv_tables, figure_specs
-from dpscale.results import write_json_atomic
 
 FIGURES = [s.name for _c, s in figure_specs()]
-
-
-def build_fixture(tmp: Path, **kw) -> dict:
-    runs = tmp / "results" / "runs"
-    targets = write_cpu_smoke(runs)
-    write_json_atomic(tmp / "results" / "fingerprint.json", CPU_FP)
-    write_gpu_paper(tmp / "reference" / "h200x8")
-    out = tmp / "results" / "report"
-    info = {"command": "snakemake --cores 2 report", "config_hash": "c0ffee",
-            "resolved": {"ks": [1, 2, 4], "forecast": {"bootstrap_draws": 20}}}
-    summary = report.build(runs, tmp / "results" / "fingerprint.json", out, targets=targets,
-                           references=[tmp / "reference"], book_path=BOOK, build_info=info, **kw)
-    raw = (out / "report.html").read_text()
-    return {"tmp": tmp, "out": out, "summary": summary, "raw_html": raw, "targets": targets,
-            "html": htmllib.unescape(raw), "md": (out / "report.md").read_text()}
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    return build_fixture(tmp_path_factory.mktemp("report"))
 
 
 def rows_of(built, table: str) -> list[dict]:

@@ -227,10 +227,10 @@ def test_k_above_devices_is_skipped(tiny_data, tmp_path):
     assert res["code"]["sources_sha256"] and "dpscale.measure.torch_ddp" in res["code"]["sources"]   # every record names its code
 
 
-def test_crashed_rank_is_recorded_failed_and_keeps_log(tiny_data, tmp_path):
-    rc, res, log = run_job(make_spec(tiny_data, "ddp_weak", 2, "cached"), tmp_path, fault="crash:rank=1")
+def test_crashed_rank_is_recorded_failed_and_keeps_log(crashed_runs):
+    rc, res, log = crashed_runs["ddp_weak"]   # cached, k=2: test_reliability.py's run, when it ran
     assert rc == 0 and res["status"] == "failed" and res["metrics"] == {}   # no number, a reason
-    rank1 = (tmp_path / "k.rank1.log").read_text()
+    rank1 = (crashed_runs.folder("ddp_weak") / "k.rank1.log").read_text()
     assert "injected fault: rank 1 crashes" in rank1 and "injected fault" in res["reason"]
     assert "[watchdog] recorded failed: RuntimeError: injected fault" in log
 

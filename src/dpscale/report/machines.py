@@ -49,6 +49,15 @@ class Machine:
     errors: list = field(default_factory=list)       # unreadable files, with the reason
     book: dict | None = None
     profile: dict | None = None     # a per-layer profile kept beside the results (roofline.json)
+    derived: dict = field(default_factory=dict, repr=False)   # memo(): what is computed from results
+
+    def memo(self, key, compute):
+        """compute(), once per key: a value derived from the results, which do not
+        change once loaded (numbers.scaling: every table cell, figure and note of a
+        series reads the same rows). Callers read it and do not change it."""
+        if key not in self.derived:
+            self.derived[key] = compute()
+        return self.derived[key]
 
     def get(self, experiment: str, variant: str, k: int) -> dict | None:
         return self.results.get((experiment, variant, int(k)))

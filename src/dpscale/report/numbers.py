@@ -119,7 +119,12 @@ def slow_ranks(r: dict | None, threshold: float = 0.05) -> list[int]:
 
 def scaling(m: Machine, experiment: str, variant: str) -> list[dict]:
     """Per k: the book's figure, the mean with its interval, speedup and efficiency
-    against the same series' k=1, each interval computed on the ratio (stats.ratio_ci)."""
+    against the same series' k=1, each interval computed on the ratio (stats.ratio_ci).
+    Computed once per machine and series (~300 reads a report): read, do not change."""
+    return m.memo(("scaling", experiment, variant), lambda: _scaling(m, experiment, variant))
+
+
+def _scaling(m: Machine, experiment: str, variant: str) -> list[dict]:
     ser = m.series(experiment, variant)
     book1 = metric(ser.get(1), "samples_per_s") if ok(ser.get(1)) else None
     rows = []
