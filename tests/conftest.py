@@ -128,9 +128,9 @@ TORCHRUN_EXPERIMENTS = ["ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce",
 
 class CrashedRuns:
     """Jobs at k=2 whose rank 1 raises at its first step (DPSCALE_FAULT=crash:rank=1),
-    each run once a session: test_reliability.py runs all six side by side (each is
-    mostly torch's start-up, ~1 core), test_torch.py reads ddp_weak's. (rc, result, log)
-    as run_job returns them; the job's files are under folder(experiment)."""
+    each run once a session, when a test first asks for it: test_reliability.py checks
+    all six, test_torch.py reads ddp_weak's. (rc, result, log) as run_job returns them;
+    the job's files are under folder(experiment)."""
 
     def __init__(self, tiny_data: Path, root: Path):
         self.tiny_data, self.root, self.done = tiny_data, root, {}
@@ -138,22 +138,12 @@ class CrashedRuns:
     def folder(self, experiment: str) -> Path:
         return self.root / experiment
 
-    def _run(self, experiment: str):
-        variant = ("cached" if experiment.startswith("ddp_") and "probe" not in experiment
-                   and "sweep" not in experiment else "default")
-        spec = make_spec(self.tiny_data, experiment, 2, variant, inputs={"allreduce": {}})
-        return run_job(spec, self.folder(experiment), fault="crash:rank=1")
-
-    def run_all(self, experiments) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-        todo = [e for e in experiments if e not in self.done]
-        if todo:
-            with ThreadPoolExecutor(len(todo)) as pool:
-                self.done.update(zip(todo, pool.map(self._run, todo)))
-
     def __getitem__(self, experiment: str):
         if experiment not in self.done:
-            self.done[experiment] = self._run(experiment)
+            variant = ("cached" if experiment.startswith("ddp_") and "probe" not in experiment
+                       and "sweep" not in experiment else "default")
+            spec = make_spec(self.tiny_data, experiment, 2, variant, inputs={"allreduce": {}})
+            self.done[experiment] = run_job(spec, self.folder(experiment), fault="crash:rank=1")
         return self.done[experiment]
 
 

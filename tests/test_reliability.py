@@ -155,7 +155,6 @@ def test_corrupted_cache_fails_the_job_naming_it(tiny_data, tmp_path):
 @pytest.mark.multiproc
 @pytest.mark.parametrize("experiment", TORCHRUN_EXPERIMENTS)
 def test_rank_crash_fails_job_with_log(crashed_runs, experiment):
-    crashed_runs.run_all(TORCHRUN_EXPERIMENTS)   # the first test starts all six, side by side
     rc, res, log = crashed_runs[experiment]
     tmp_path = crashed_runs.folder(experiment)
     assert "injected fault: rank 1 crashes at step" in (tmp_path / "k.rank1.log").read_text()
