@@ -137,7 +137,7 @@ def test_transform_compiles_and_keeps_channels_last(name):
 def test_unknown_choice_is_one_clear_error():
     with pytest.raises(ValueError, match=r"stem='winograd'.*'im2col'"):
         tm.choices({"stem": "winograd"})
-    assert tm.choices({}) == {"stem": "conv", "projection": "conv", "cancelled_bias": "keep"}
+    assert tm.choices({}) == {"stem": "conv", "projection": "conv", "cancelled_bias": "keep", "convbn": "none"}
 
 
 def test_build_ddp_applies_the_options(monkeypatch):

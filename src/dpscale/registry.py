@@ -40,6 +40,9 @@ class Variant:
     # is the book's rule, so its k=1 is not run twice; the report borrows the other's.
     min_k: int = 1
     same_below: str | None = None
+    # What the variant needs beyond the experiment's, by REQUIREMENTS key: planned
+    # everywhere, skipped with the requirement's reason where the fingerprint lacks it.
+    requires: tuple[str, ...] = ()
 
 
 SEED = Variant("seed", "the book's DataLoader (PIL resize per image, per epoch)",
@@ -62,6 +65,19 @@ TORCH_TUNED = Variant(
                               "cuda_graph": True, "data": "device-resident cache",
                               "optimizer": "fused SGD", "ddp": (),
                               "stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop"}))
+# fp16, because on sm_90 cuDNN fuses BatchNorm's statistics into the convolution in fp16
+# only (dpscale.model.fused_convbn); everything else as the tuned series.
+TORCH_TUNED_FP16 = Variant(
+    "tuned_fp16", "fp16 with dynamic loss scaling, BN statistics in the conv's epilogue (cuDNN graph), else as tuned",
+    tuned=True, requires=("gpu", "cudnn_frontend"),
+    options=MappingProxyType({**TORCH_TUNED.options, "precision": "fp16", "loss_scaling": "dynamic",
+                              "convbn": "cudnn_genstats"}))
+# A requirement's fingerprint key, and the reason a machine without it reads.
+REQUIREMENTS = MappingProxyType({
+    "gpu": ("gpu_count", "needs a CUDA GPU"),
+    "cudnn_frontend": ("cudnn_frontend", "needs cuDNN's Python frontend: pip install -e '.[cudnn]' "
+                                         "(nvidia-cudnn-frontend; on a machine without network, carry its wheel)"),
+})
 HOST = Variant("host", "host-staged float32 batches, device_put per step (the book's loop)")
 DEVICE = Variant("device", "the uint8 set resident on the devices, sliced per step")
 JAX_TUNED = Variant(
@@ -184,7 +200,7 @@ _torch, _jax = _family("torch"), _family("jax")
 
 _ALL = (
     _torch("ddp_weak", "DDP samples/s with the per-rank batch fixed (weak scaling)", "torch_ddp:exp_ddp_weak",
-           (SEED, CACHED, TORCH_TUNED), every_k, THROUGHPUT + ("per_rank_batch",) + LAUNCHED, "scaling",
+           (SEED, CACHED, TORCH_TUNED, TORCH_TUNED_FP16), every_k, THROUGHPUT + ("per_rank_batch",) + LAUNCHED, "scaling",
            inputs=("raw", "cache", "meta")),
     _torch("ddp_strong", "DDP samples/s with the global batch fixed (strong scaling)", "torch_ddp:exp_ddp_strong",
            (SEED, CACHED, TORCH_TUNED), every_k, THROUGHPUT + ("global_batch",) + LAUNCHED, "scaling",

@@ -14,7 +14,8 @@ Every result is printed as a JSON line when it is known, and $OUT/probe_roofline
 (or --out DIR) is rewritten after every stage, so a run stopped by its budget or killed
 keeps what it had; readable tables come last. Variants run in order of worth and are
 skipped once the budget cannot hold another (the first one's time sets the estimate).
-Usage: timeout -s INT 250 python tools/gpu/probe_roofline.py [--budget-s 200] [--variants base,all,...] [--smoke]
+Usage: timeout -s INT 250 python tools/gpu/probe_roofline.py [--budget-s 200] [--variants base,all,...]
+         [--layers base,all] [--smoke]
   --smoke: 16x16 images, batch 4, gloo on the CPU, no compile, no graph (a typo check).
   A SIGINT (timeout -s INT) stops the stage under way and still prints the tables."""
 import argparse
@@ -36,6 +37,7 @@ def parse():
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=210.0)
     ap.add_argument("--variants", default=",".join(tp.VARIANTS))
+    ap.add_argument("--layers", default="base,all", help="variants whose eager per-layer table is taken")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     return ap.parse_args()
@@ -130,7 +132,7 @@ def main():
             rep.emit("roofline", **row)
         roof = rep.data["stages"]["roofline"][-1]   # ideal
         batches = tp.fixed_batches(ctx, nb, B, S)
-        for name in ("base", "all"):
+        for name in args.layers.split(","):
             layer_stage(rep, ctx, name, tp.VARIANTS[name], batches[0], S, rates, prof_steps)
         variant_stage(rep, ctx, args, batches, steps, reps, roof)
     except KeyboardInterrupt:   # timeout -s INT: keep what was measured, print it

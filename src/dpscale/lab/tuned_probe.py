@@ -23,9 +23,14 @@ from dpscale.model.models import torch_resnet18
 
 WINS = {"stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop"}
 # in the order they are worth the device's minutes: the budget may stop the list early
+FP16 = {**WINS, "precision": "fp16", "loss_scaling": "dynamic"}
 VARIANTS = {"base": {}, "all": WINS, "stem_im2col": {"stem": "im2col"},
             "projection": {"projection": "slice_matmul"}, "bias_drop": {"cancelled_bias": "drop"},
-            "stem_direct": {"stem": "direct"}}
+            "stem_direct": {"stem": "direct"},
+            # the tuned_fp16 series piece by piece: fp16 alone (with its loss scaling),
+            # what the scaling costs, then the conv + BN statistics fused in cuDNN
+            "fp16": FP16, "fp16_noscale": {**FP16, "loss_scaling": "none"},
+            "fp16_genstats": {**FP16, "convbn": "cudnn_genstats"}}
 # BatchNorm's statistics in one Triton pass (dpscale.lab.triton_bn) read 20,196 samples/s
 # against 21,583 for base (one H200, 2026-12-01): off, and no longer a tuned option.
 LOSS_CHECK_STEPS = 20
@@ -77,18 +82,6 @@ def roofline_rows(batch: int, side: int, peak: float | None, copy_Bps: float | N
     return rows
 
 
-def _train_step(ctx: tr.Ctx, model, opt):
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step(X, y):   # train_epochs' step
-        with tr.autocast(ctx, True):
-            loss = loss_fn(model(X), y)
-        loss.backward()
-        opt.step()
-        return loss
-    return step
-
-
 def _release():
     """After the caller dropped its references: free the model, its graph pool, dynamo's cache."""
     gc.collect()
@@ -117,7 +110,7 @@ def _time_variant(ctx: tr.Ctx, overrides: dict, batches: list, steps: int, reps:
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         model = tr.build_ddp(ctx, tuned=True)
     opt = torch.optim.SGD(model.parameters(), lr=lr, **({"fused": True} if ctx.cuda else {}))
-    step = _train_step(ctx, model, opt)
+    step = tr.train_step(ctx, model, opt, True)   # train_epochs' step
     graphed = tr.GraphedStep(step, opt, side) if side is not None else None
 
     def call(i):
@@ -161,9 +154,10 @@ def eager_layer_profile(ctx: tr.Ctx, overrides: dict, batch: list, steps: int) -
 
 
 def _eager_layer_profile(ctx: tr.Ctx, overrides: dict, batch: list, steps: int, warmup: int = 3) -> dict:
-    """The per-layer profile of the eager bf16 channels_last step (no DDP, no compile, no
-    graph), the transformed model when overrides ask for the wins."""
+    """The per-layer profile of the eager 16-bit channels_last step (no DDP, no compile,
+    no graph, no loss scaling), the transformed model when overrides ask for the wins."""
     from torch.autograd.profiler import record_function
+    ctx.spec["config"]["tuned"] = tuned_opts(overrides, smoke=not ctx.cuda)   # autocast reads its precision
     torch.manual_seed(0)
     model = tuned_model.apply(torch_resnet18(), overrides).to(ctx.device).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, **({"fused": True} if ctx.cuda else {}))

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from dpscale import registry
 from dpscale.analysis import costmodel, roofline, stats
 from dpscale.model import tuned_model
 from dpscale.model.models import torch_flops_per_sample, torch_resnet18
@@ -47,10 +48,19 @@ def build_ddp(ctx: Ctx, tuned: bool = False, **ddp_kwargs):
     return DDP(model, device_ids=[ctx.local_rank] if ctx.cuda else None, **ddp_kwargs)
 
 
+def is_tuned(ctx: Ctx) -> bool:
+    """The spec's variant is one of the tuned series (registry.Variant.tuned)."""
+    return registry.get(ctx.spec["experiment"]).variant(ctx.spec["variant"]).tuned
+
+
+def fp16(ctx: Ctx, tuned: bool) -> bool:
+    return tuned_options(ctx, tuned).get("precision") == "fp16"
+
+
 def autocast(ctx: Ctx, tuned: bool):
     if not tuned:
         return contextlib.nullcontext()
-    return torch.autocast(ctx.device.type, dtype=torch.bfloat16)
+    return torch.autocast(ctx.device.type, dtype=torch.float16 if fp16(ctx, tuned) else torch.bfloat16)
 
 
 def measure_matmul_peak(ctx: Ctx, n: int = 8192, iters: int = 20) -> float | None:
@@ -154,18 +164,36 @@ class GraphedStep:
         self.graph = graph
 
 
-def make_step(ctx: Ctx, model, tuned: bool, side=None):
-    """The seed's training step, (X, y) -> loss: eager, or a GraphedStep when a
-    graph side stream is given."""
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, **({"fused": True} if tuned and ctx.cuda else {}))
+def train_step(ctx: Ctx, model, opt, tuned: bool):
+    """(X, y) -> loss: forward, backward, update (the caller zeroes the grads). In fp16,
+    with dynamic loss scaling (torch.amp.GradScaler): fused SGD takes the scale and the
+    inf check as tensors, so no step reads a value back to the host and the whole step
+    still captures as one CUDA graph; a step with an inf or NaN gradient is skipped and
+    the scale halves, as the scaler does everywhere."""
     loss_fn = nn.CrossEntropyLoss()
+    scaling = fp16(ctx, tuned) and ctx.cuda and tuned_options(ctx, tuned).get("loss_scaling") == "dynamic"
+    scaler = torch.amp.GradScaler(ctx.device.type) if scaling else None
 
     def step(X, y):
         with autocast(ctx, tuned):
             loss = loss_fn(model(X), y)
-        loss.backward()
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            opt.step()
+            return loss
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         return loss
+    step.scaler = scaler
+    return step
+
+
+def make_step(ctx: Ctx, model, tuned: bool, side=None):
+    """The seed's training step, (X, y) -> loss: eager, or a GraphedStep when a
+    graph side stream is given."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, **({"fused": True} if tuned and ctx.cuda else {}))
+    step = train_step(ctx, model, opt, tuned)
 
     if side is not None:
         return GraphedStep(step, opt, side)
@@ -173,6 +201,7 @@ def make_step(ctx: Ctx, model, tuned: bool, side=None):
     def eager(X, y):
         opt.zero_grad(set_to_none=True)
         return step(X, y)
+    eager.step = step
     return eager
 
 
@@ -226,14 +255,21 @@ def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, warmup: int, r
             "steps": summary(first["step_ms"]), "loss_last": float(last.detach()) if last is not None else None,
             "peak_mem_MiB": max(e["peak_mem_MiB"] for e in timed) if ctx.cuda else None,
             "cuda_graph": graphed is not None and graphed.graph is not None,
-            "cuda_graph_error": graphed.error if graphed is not None else None}
+            "cuda_graph_error": graphed.error if graphed is not None else None,
+            **loss_scale_fields(run_step.step.scaler)}
+
+
+def loss_scale_fields(scaler) -> dict:
+    """fp16's dynamic loss scale at the end of the run (absent without one): a scale
+    that collapsed towards 0 means overflowing gradients, every step skipped."""
+    return {} if scaler is None else {"loss_scale_last": float(scaler.get_scale())}
 
 
 def ddp_throughput(ctx: Ctx, strong: bool):
     variant = ctx.spec["variant"]
     k = ctx.world
     batch = ctx.proto["global_batch"] // k if strong else ctx.proto["per_rank_batch"]
-    tuned = variant == "tuned"
+    tuned = is_tuned(ctx)
     side = graph_side_stream(ctx, tuned)
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         model = build_ddp(ctx, tuned=tuned, **ctx.spec.get("ddp_options", {}))
@@ -278,6 +314,7 @@ def throughput_metrics(ctx: Ctx, rows: list[dict], flops: int | None, peak: floa
          "step_ms_rank": slowest["rank"], "step_ms_median": slowest["steps"]["median_ms"],
          "step_ms_p10": slowest["steps"]["p10_ms"], "step_ms_p90": slowest["steps"]["p90_ms"],
          "loss_last": rows[0]["loss_last"], "cuda_graph": rows[0].get("cuda_graph", False),
+         **({"loss_scale_last": rows[0]["loss_scale_last"]} if "loss_scale_last" in rows[0] else {}),
          "cuda_graph_error": rows[0].get("cuda_graph_error"),
          "peak_mem_MiB": max((r["peak_mem_MiB"] or 0) for r in rows) or None,
          "per_rank": rows}
@@ -288,14 +325,14 @@ def throughput_metrics(ctx: Ctx, rows: list[dict], flops: int | None, peak: floa
 # ---------------------------------------------------------------- experiments
 
 def exp_ddp(ctx: Ctx, strong: bool):
-    tuned = ctx.spec["variant"] == "tuned"
+    tuned = is_tuned(ctx)
     peak = measure_matmul_peak(ctx) if ctx.cuda else None
     copy_Bps = measure_copy_bandwidth(ctx) if ctx.cuda and tuned else None
     mine = ddp_throughput(ctx, strong)
     rows = per_rank_merge(ctx, mine)
     flops = torch_flops_per_sample(ctx.proto["image_size"], ctx.device) if ctx.rank == 0 else None
     m = throughput_metrics(ctx, rows, flops, peak)
-    if tuned:   # the bf16 roofline: only the tuned series computes in bf16
+    if tuned:   # the roofline of 16-bit compute (bf16 and fp16 move the same bytes at the same rate)
         m.update(roofline.roofline_fields(m["per_rank_batch"], ctx.proto["image_size"],
                                           m["samples_per_s_per_device"], peak, copy_Bps))
     return m

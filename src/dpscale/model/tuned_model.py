@@ -24,6 +24,11 @@ Each is a tuned option, switchable alone (registry.TORCH_TUNED; off by default):
       the conv's bias cancels (its gradient is zero) and only costs a pass. Dropped, and
       folded into the BN's running_mean so that eval mode is unchanged too. Not the 1x1
       shortcut's: its output is added without BN.
+  convbn          "none" | "cudnn_genstats"
+      Each residual block's conv -> BN pairs as one cuDNN graph that writes the BN
+      statistics from the convolution's epilogue (dpscale.model.fused_convbn): fp16
+      only, so the tuned_fp16 series that switches it on also computes in fp16. Needs
+      cancelled_bias=drop (a conv bias would have to be added after the statistics).
 The parameters keep their names (a replacing module owns the same Parameter objects).
 """
 from __future__ import annotations
@@ -32,14 +37,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from dpscale.model import fused_convbn
+
 CHOICES = {"stem": ("conv", "im2col", "direct"), "projection": ("conv", "slice_matmul"),
-           "cancelled_bias": ("keep", "drop")}
+           "cancelled_bias": ("keep", "drop"), "convbn": ("none", "cudnn_genstats")}
 DEFAULTS = {key: values[0] for key, values in CHOICES.items()}
 TAPS_PADDED = 16
 
 
 def choices(opts: dict) -> dict:
-    """The three options from a tuned-options dict (missing ones: the model as it is)."""
+    """The model's options from a tuned-options dict (missing ones: the model as it is)."""
     out = {key: opts.get(key, DEFAULTS[key]) for key in CHOICES}
     for key, value in out.items():
         if value not in CHOICES[key]:
@@ -60,6 +67,8 @@ def apply(model: nn.Module, opts: dict) -> nn.Module:
         for block in residual_blocks(model):
             if block.conv3 is not None:
                 block.conv3 = SliceMatmulProjection(block.conv3)
+    if c["convbn"] == "cudnn_genstats":
+        fused_convbn.fuse(residual_blocks(model))
     return model
 
 
@@ -71,7 +80,8 @@ def describe(model: nn.Module) -> dict:
     return {"stem": type(inner[0]).__name__, "shortcuts": sorted(set(shortcuts)),
             "conv_biases": sum(1 for m in inner.modules() if getattr(m, "bias", None) is not None
                                and not isinstance(m, (nn.BatchNorm2d, nn.Linear))),
-            "parameters": sum(p.numel() for p in inner.parameters())}
+            "parameters": sum(p.numel() for p in inner.parameters()),
+            "fused_conv_bn": sum(isinstance(m, fused_convbn.GenstatsConvBN) for m in inner.modules())}
 
 
 # ---------------------------------------------------------------- cancelled biases

@@ -116,6 +116,9 @@ def probe() -> dict:
     }
     for pkg in PACKAGES:
         fp[pkg] = _version(pkg)
+    # An optional extra, in no family's keys: only the variants that require it
+    # (registry.REQUIREMENTS) read it, and carry it in their own specs.
+    fp["cudnn_frontend"] = _version("nvidia-cudnn-frontend")
     return fp
 
 

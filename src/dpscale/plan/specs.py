@@ -49,7 +49,12 @@ def skip_reason(experiment: str, variant: str, k: int, fp: dict,
         what = (f"{per_node} GPU(s)" if gpus else
                 f"{per_node} CPU core(s), and a CPU stand-in runs one process or host device per core")
         return f"k={k} needs {k} devices; this machine has {what}"
-    if registry.get(experiment).variant(variant).nccl_only and not gpus:
+    var = registry.get(experiment).variant(variant)
+    for need in var.requires:
+        key, reason = registry.REQUIREMENTS[need]
+        if not fp.get(key):
+            return f"{variant} {reason}"
+    if var.nccl_only and not gpus:
         return ("NCCL_SHM_USE_CUDA_MEMCPY is a setting of NCCL's shared-memory transport; "
                 "the gloo backend used without GPUs has no equivalent")
     return None
@@ -87,6 +92,9 @@ def job_spec(resolved: dict, fp: dict, experiment: str, variant: str, k: int, in
         spec["gpu_state"] = dict(resolved["gpu_state"])   # dpscale.run.gpustate.policy_failure reads it
     if var.options is not None:
         spec["config"]["tuned"] = json.loads(json.dumps(dict(var.options)))
+    for need in var.requires:   # what it needs is part of what it measured (only these specs carry it)
+        key = registry.REQUIREMENTS[need][0]
+        spec["fingerprint"].setdefault(key, fp.get(key))
     return spec
 
 

@@ -1,6 +1,7 @@
 """The tuned series beside the book's protocol, per device at the smallest k, with MFU."""
 from __future__ import annotations
 
+from dpscale import registry
 from dpscale.analysis import roofline
 from dpscale.report.document import Chapter, FigureSpec, Page, Table
 from dpscale.report.machines import Machine, ReportData
@@ -10,7 +11,12 @@ from dpscale.report.chapters.scaling import covers_note
 
 FIGURES = (FigureSpec("tuned", "Per-device throughput and MFU: the book's protocol against the tuned series"),)
 # (experiment, framework, the variants from the book's protocol to the tuned series)
-GROUPS = (("ddp_weak", "DDP", ("seed", "cached", "tuned")), ("jax_weak", "JAX", ("host", "device", "tuned")))
+GROUPS = (("ddp_weak", "DDP", ("seed", "cached", "tuned", "tuned_fp16")), ("jax_weak", "JAX", ("host", "device", "tuned")))
+
+
+def tuned_variants(experiment: str, variants: tuple) -> list[str]:
+    """The group's tuned series (registry.Variant.tuned), in order: bf16, then fp16."""
+    return [v for v in variants if registry.get(experiment).variant(v).tuned]
 
 
 def smallest_k(m: Machine) -> int | None:
@@ -27,14 +33,16 @@ def per_device(r: dict | None) -> tuple:
 
 def tuned_part(m: Machine, experiment: str, framework: str, variants: tuple) -> str | None:
     k = smallest_k(m)
-    r = m.get(experiment, variants[-1], k) if k else None
-    if not ok(r):
-        return None
-    s = per_device(r)[0]
-    base = per_device(m.get(experiment, variants[0], k))[0]
-    mfu, frac = metric(r, "mfu"), metric(r, "roofline_fraction")
-    return (f"{framework} {fmt_num(s)}" + (f" ({s / base:.1f}x)" if base else "")
-            + (f", MFU {mfu:.2f}" if mfu else "") + (f", {frac:.2f} of its roofline" if frac else ""))
+    base = per_device(m.get(experiment, variants[0], k))[0] if k else None
+    parts = []
+    for v in tuned_variants(experiment, variants):
+        if not ok(r := m.get(experiment, v, k) if k else None):
+            continue
+        s = per_device(r)[0]
+        mfu, frac = metric(r, "mfu"), metric(r, "roofline_fraction")
+        parts.append(f"{framework}{'' if v == 'tuned' else ' ' + v} {fmt_num(s)}" + (f" ({s / base:.1f}x)" if base else "")
+                     + (f", MFU {mfu:.2f}" if mfu else "") + (f", {frac:.2f} of its roofline" if frac else ""))
+    return "; ".join(parts) or None
 
 
 def headline(data: ReportData) -> str:
@@ -46,7 +54,7 @@ def headline(data: ReportData) -> str:
         "; ".join(parts)
 
 
-ROOFLINE = ["machine", "experiment", "k", "samples_per_s_per_device", "mfu", "roofline_samples_per_s",
+ROOFLINE = ["machine", "experiment", "variant", "k", "samples_per_s_per_device", "mfu", "roofline_samples_per_s",
             "roofline_fraction", "roofline_samples_per_s_compiler", "roofline_fraction_compiler",
             "bf16_matmul_peak_TFLOPs", "copy_bandwidth_GBps"]
 LAYERS = ["machine", "layer", "kind", "GFLOP", "MB_unfused", "MB_ideal", "bound_unfused_ms", "bound_ideal_ms",
@@ -57,10 +65,11 @@ def roofline_records(data: ReportData) -> list[dict]:
     out = []
     for m in data.measured:
         for e, _f, variants in GROUPS:
-            for k, r in m.series(e, variants[-1]).items():
-                if ok(r) and metric(r, "roofline_bytes_per_sample_MB"):
-                    out.append({"machine": m.name, "experiment": e, "k": k,
-                                **{c: metric(r, c) for c in ROOFLINE[3:]}})
+            for v in tuned_variants(e, variants):
+                for k, r in m.series(e, v).items():
+                    if ok(r) and metric(r, "roofline_bytes_per_sample_MB"):
+                        out.append({"machine": m.name, "experiment": e, "variant": v, "k": k,
+                                    **{c: metric(r, c) for c in ROOFLINE[4:]}})
     return out
 
 

@@ -7,12 +7,12 @@ import statistics
 from matplotlib.patches import Patch
 
 from dpscale import registry
-from dpscale.report.chapters.tuned import GROUPS, per_device, smallest_k
+from dpscale.report.chapters.tuned import GROUPS, per_device, smallest_k, tuned_variants
 from dpscale.report.machines import Machine, ReportData
 from dpscale.report.numbers import fmt_num, metric, ok
 from dpscale.report.figures import kit
 
-SHADES = ("#9e9e9e", "#1f77b4", "#ff7f0e")
+SHADES = ("#9e9e9e", "#1f77b4", "#ff7f0e", "#d62728")
 
 
 def mfu_one(m: Machine, k: int) -> float | None:
@@ -25,19 +25,20 @@ def mfu_one(m: Machine, k: int) -> float | None:
 
 def roofline_bound(m: Machine, k: int) -> float | None:
     """samples/s per device at the ideal-fusion roofline, as the tuned jobs computed it."""
-    vals = [metric(r, "roofline_samples_per_s") for e, _f, vs in GROUPS
-            if ok(r := m.get(e, vs[-1], k)) and metric(r, "roofline_samples_per_s")]
+    vals = [metric(r, "roofline_samples_per_s") for e, _f, vs in GROUPS for v in tuned_variants(e, vs)
+            if ok(r := m.get(e, v, k)) and metric(r, "roofline_samples_per_s")]
     return statistics.median(vals) if vals else None
 
 
 def _panel(ax, m: Machine) -> None:
-    k, y, labels = smallest_k(m), 0, []
+    k, y, labels, ticks = smallest_k(m), 0, [], []
     top = 1.0
     for e, framework, variants in GROUPS:
         for v, shade in zip(variants, SHADES):
             r = m.get(e, v, k)
             val, lo, hi = per_device(r)
             labels.append(f"{framework} {v}")
+            ticks.append(y)
             if val is not None:
                 ax.barh(y, val, 0.75, color=shade, xerr=[[val - lo], [hi - val]] if lo else None, capsize=2)
                 mfu = metric(r, "mfu")
@@ -54,7 +55,6 @@ def _panel(ax, m: Machine) -> None:
             ax.axvline(value, color="#444", ls=ls, lw=1.2)
             ax.text(value, -0.9, f"{text}: {fmt_num(value)} ", ha="right", fontsize=9, color="#444")
             top = max(top, value)
-    ticks = [i + 0.5 * (i >= 3) for i in range(len(labels))]
     ax.set_yticks(ticks, labels)
     ax.invert_yaxis()
     ax.set_xlim(0, top * 1.35)
@@ -65,7 +65,7 @@ def _panel(ax, m: Machine) -> None:
 def tuned(data: ReportData):
     ms = [m for m in data.measured if smallest_k(m) is not None]
     fig = kit.stacked(ms, [1] * len(ms), _panel, "No DDP or JAX throughput results: nothing to compare.",
-                      row_in=2.6, pad_in=0.0, base_in=0.8)
+                      row_in=3.0, pad_in=0.0, base_in=0.8)
     entries = [(Patch(fc=shade), f"{f} {v}: {registry.variant_text(e, v)}")
                for e, f, vs in GROUPS for v, shade in zip(vs, SHADES)]
     kit.legend(fig, entries, ncol=2)
