@@ -77,8 +77,8 @@ def _wrong_axis(real):
 # ---------------------------------------------------------------- GPU tier
 
 STEPS = 60
-LOSS_ABS_TOL = 0.02      # per step; both runs start at ~2.3 and fall below 0.5
-WEIGHT_REL_TOL = 0.02    # ||fused - unfused|| / ||unfused|| per parameter tensor, after STEPS steps
+LOSS_ABS_TOL = 0.02      # the bound's floor, per step (the losses start at ~2.3)
+WEIGHT_REL_TOL = 0.005   # the bound's floor, ||w - w_fp32|| / ||w_fp32|| over all weights
 
 
 def _needs_frontend():
@@ -89,6 +89,10 @@ def _needs_frontend():
 @pytest.mark.parametrize("shape", [(64, 64, 64, 1), (128, 128, 32, 1), (64, 128, 64, 2), (512, 512, 8, 1)])
 @pytest.mark.gpu
 def test_cudnn_graph_matches_torch_conv_and_sums(shape):
+    """cuDNN's conv + genstats on fp16 NHWC against torch's conv of the same fp16 inputs
+    in fp32. Bounds: y to fp16's rounding (rel 2^-11) plus the accumulation order; the
+    sums to 1e-3 of the sum of |y| and of y^2 (the rounding of every term to fp16, all
+    of one sign, would reach 5e-4)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     _needs_frontend()
@@ -99,22 +103,25 @@ def test_cudnn_graph_matches_torch_conv_and_sums(shape):
         .contiguous(memory_format=torch.channels_last)
     y, s, q = fc.conv_genstats(x, w, [stride, stride], [1, 1])
     ref = torch.nn.functional.conv2d(x.float(), w.float(), None, stride, 1)
+    y_err = float((y.float() - ref).abs().max() / ref.abs().max())
+    s_err = float((s - ref.sum((0, 2, 3))).abs().max() / ref.abs().sum((0, 2, 3)).min())
+    q_err = float((q - (ref * ref).sum((0, 2, 3))).abs().max() / (ref * ref).sum((0, 2, 3)).min())
+    print(f"conv_genstats {shape}: y {y_err:.1e} of max|y|, sum {s_err:.1e} of sum|y|, sumsq {q_err:.1e}; "
+          f"channels_last {y.is_contiguous(memory_format=torch.channels_last)}")
     assert y.is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
-    yf = y.float()
-    torch.testing.assert_close(s, yf.sum((0, 2, 3)), rtol=1e-3, atol=1e-1)
-    torch.testing.assert_close(q, (yf * yf).sum((0, 2, 3)), rtol=1e-3, atol=1e-1)
+    assert y_err < 5e-3 and s_err < 1e-3 and q_err < 1e-3, (y_err, s_err, q_err)
 
 
-def _train_fp16(convbn: str, steps: int = STEPS):
-    """The tuned model (cheap wins), channels_last, fp16 autocast with dynamic loss
-    scaling, eager SGD at lr 0.05 on 4 fixed batches of 64 (32 x 32): the losses and
-    the model."""
+def _train(convbn: str, fp16: bool = True, steps: int = STEPS):
+    """The tuned model (cheap wins), channels_last, eager SGD at lr 0.05 on 4 fixed batches
+    of 64 (32 x 32), in fp16 autocast with dynamic loss scaling or in fp32: the model and
+    its losses. The scale starts at 2^10, not GradScaler's 2^16: there the first steps
+    overflow, and two runs that skip different steps are not comparable step by step."""
     from torch.nn import functional as F
     torch.manual_seed(0)
     model = tm.apply(torch_resnet18(), {**WINS, "convbn": convbn}).cuda().to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, fused=True)
-    scaler = torch.amp.GradScaler("cuda")
+    scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 10, enabled=fp16)
     gen = torch.Generator().manual_seed(1)
     data = [(torch.rand(64, 1, 32, 32, generator=gen).cuda().contiguous(memory_format=torch.channels_last),
              torch.randint(0, 10, (64,), generator=gen).cuda()) for _ in range(4)]
@@ -122,7 +129,7 @@ def _train_fp16(convbn: str, steps: int = STEPS):
     for i in range(steps):
         X, y = data[i % len(data)]
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16):
+        with torch.autocast("cuda", dtype=torch.float16, enabled=fp16):
             loss = F.cross_entropy(model(X), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
@@ -131,32 +138,35 @@ def _train_fp16(convbn: str, steps: int = STEPS):
     return model, losses
 
 
-def _differences(fused, fused_losses, plain, plain_losses) -> tuple[float, float]:
-    """(worst per-step loss difference, worst per-tensor relative weight difference)."""
-    loss_diff = max(abs(a - b) for a, b in zip(fused_losses, plain_losses))
-    ref = dict(plain.named_parameters())
-    weight_diff = max(float((p - ref[fc.unfused_name(n)]).norm() / ref[fc.unfused_name(n)].norm().clamp_min(1e-12))
-                      for n, p in fused.named_parameters())
-    return loss_diff, weight_diff
+def _distance(a, a_losses, b, b_losses) -> tuple[float, float]:
+    """(worst per-step loss difference, ||weights_a - weights_b|| / ||weights_b|| over all
+    parameters at the end)."""
+    loss_diff = max(abs(x - y) for x, y in zip(a_losses, b_losses))
+    ref = {fc.unfused_name(n): p.detach() for n, p in b.named_parameters()}
+    diff = sum(float((p.detach() - ref[fc.unfused_name(n)]).pow(2).sum()) for n, p in a.named_parameters())
+    return loss_diff, (diff / sum(float(p.pow(2).sum()) for p in ref.values())) ** 0.5
 
 
 @pytest.mark.gpu
 def test_fused_fp16_step_trains_like_the_unfused_step(monkeypatch):
     """60 fp16 steps with the conv + BN statistics from cuDNN's graph against the same
-    steps through cuDNN's conv and torch's BatchNorm: every step's loss within 0.02 and
-    every weight tensor within 2% (fp16 rounding, amplified over the run, stays well
-    inside both: the GPU run prints the measured differences). The mutation, the
-    statistics read over the wrong axis, must fail."""
+    steps through cuDNN's conv and torch's BatchNorm, both measured from the fp32 run of
+    the unfused model: the fused run may stray from fp32 at most twice as far as the
+    unfused fp16 run does (fp16's own rounding, amplified over the run, is the yardstick),
+    in every step's loss and in the final weights. The mutation, the statistics read
+    over the wrong axis, must fail the same bound."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     _needs_frontend()
-    plain, plain_losses = _train_fp16("none")
-    fused, fused_losses = _train_fp16("cudnn_genstats")
-    assert plain_losses[-1] < 0.5 * plain_losses[0], plain_losses   # it trains: a test that can fail
-    loss_diff, weight_diff = _differences(fused, fused_losses, plain, plain_losses)
-    print(f"fused vs unfused over {STEPS} fp16 steps: loss diff max {loss_diff:.2e}, weight diff max {weight_diff:.2e}")
-    assert loss_diff <= LOSS_ABS_TOL and weight_diff <= WEIGHT_REL_TOL, (loss_diff, weight_diff)
+    ref32 = _train("none", fp16=False)
+    assert ref32[1][-1] < 0.5 * ref32[1][0], ref32[1]   # it trains: a test that can fail
+    plain = _distance(*_train("none"), *ref32)
+    bound = (max(2 * plain[0], LOSS_ABS_TOL), max(2 * plain[1], WEIGHT_REL_TOL))
+    fused = _distance(*_train("cudnn_genstats"), *ref32)
     monkeypatch.setattr(fc, "batch_norm_from_sums", _wrong_axis(fc.batch_norm_from_sums))
-    loss_diff, weight_diff = _differences(*_train_fp16("cudnn_genstats"), plain, plain_losses)
-    print(f"mutated (wrong axis): loss diff max {loss_diff:.2e}, weight diff max {weight_diff:.2e}")
-    assert loss_diff > LOSS_ABS_TOL or weight_diff > WEIGHT_REL_TOL
+    mutated = _distance(*_train("cudnn_genstats"), *ref32)
+    print(f"from fp32 over {STEPS} steps (loss diff max, weight rel diff): unfused fp16 {plain[0]:.2e} {plain[1]:.2e}; "
+          f"fused fp16 {fused[0]:.2e} {fused[1]:.2e}; mutated {mutated[0]:.2e} {mutated[1]:.2e}; "
+          f"bound {bound[0]:.2e} {bound[1]:.2e}")
+    assert fused[0] <= bound[0] and fused[1] <= bound[1]
+    assert mutated[0] > bound[0] or mutated[1] > bound[1]
