@@ -132,7 +132,7 @@ def main():
             rep.emit("roofline", **row)
         roof = rep.data["stages"]["roofline"][-1]   # ideal
         batches = tp.fixed_batches(ctx, nb, B, S)
-        for name in args.layers.split(","):
+        for name in filter(None, args.layers.split(",")):
             layer_stage(rep, ctx, name, tp.VARIANTS[name], batches[0], S, rates, prof_steps)
         variant_stage(rep, ctx, args, batches, steps, reps, roof)
     except KeyboardInterrupt:   # timeout -s INT: keep what was measured, print it

@@ -30,7 +30,10 @@ VARIANTS = {"base": {}, "all": WINS, "stem_im2col": {"stem": "im2col"},
             # the tuned_fp16 series piece by piece: fp16 alone (with its loss scaling),
             # what the scaling costs, then the conv + BN statistics fused in cuDNN
             "fp16": FP16, "fp16_noscale": {**FP16, "loss_scaling": "none"},
-            "fp16_genstats": {**FP16, "convbn": "cudnn_genstats"}}
+            "fp16_genstats": {**FP16, "convbn": "cudnn_genstats"},
+            # A bound, not the model: every BatchNorm removed. No fusion of BN's passes can
+            # make the step faster than this, so it shows whether one can reach a target.
+            "fp16_nobn": {**FP16, "no_batchnorm": True}, "nobn": {**WINS, "no_batchnorm": True}}
 # BatchNorm's statistics in one Triton pass (dpscale.lab.triton_bn) read 20,196 samples/s
 # against 21,583 for base (one H200, 2026-12-01): off, and no longer a tuned option.
 LOSS_CHECK_STEPS = 20
@@ -107,7 +110,8 @@ def _time_variant(ctx: tr.Ctx, overrides: dict, batches: list, steps: int, reps:
     ctx.spec["config"]["tuned"] = tuned_opts(overrides, smoke)
     side = tr.graph_side_stream(ctx, True)
     t0 = time.perf_counter()
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), \
+            _without_batchnorm(overrides.get("no_batchnorm", False)):
         model = tr.build_ddp(ctx, tuned=True)
     opt = torch.optim.SGD(model.parameters(), lr=lr, **({"fused": True} if ctx.cuda else {}))
     step = tr.train_step(ctx, model, opt, True)   # train_epochs' step
@@ -134,6 +138,28 @@ def _time_variant(ctx: tr.Ctx, overrides: dict, batches: list, steps: int, reps:
             "losses": losses, "warm_s": warm_s, "model": tuned_model.describe(model),
             "cuda_graph": bool(graphed and graphed.graph is not None),
             "cuda_graph_error": graphed.error if graphed else None}
+
+
+@contextlib.contextmanager
+def _without_batchnorm(on: bool):
+    """While on: tuned_model.apply also replaces every BatchNorm2d by an Identity."""
+    if not on:
+        yield
+        return
+    real = tuned_model.apply
+
+    def apply(model, opts):
+        model = real(model, opts)
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, torch.nn.BatchNorm2d):
+                    setattr(parent, name, torch.nn.Identity())
+        return model
+    tuned_model.apply = apply
+    try:
+        yield
+    finally:
+        tuned_model.apply = real
 
 
 def loss_check(base: list[float], other: list[float]) -> dict:
