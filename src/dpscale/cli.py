@@ -68,17 +68,30 @@ def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
         _copy(workdir / "logs", tmp / "logs")
         for log in sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log")):
             _copy(log, tmp / "logs" / "snakemake" / log.name)
-        from dpscale.report import build   # matplotlib: only now
-        plan_info = json.loads((tmp / "plan.json").read_text())
-        build(tmp / "runs", tmp / "fingerprint.json", tmp / "report", name=name, references=[to],
-              targets=[str(tmp / "runs" / t) for t in plan_info["targets"]], plan_info=plan_info,
-              book_path=Path(__file__).resolve().parents[2] / "reference" / "book_4090.yaml")
-        if target.exists():
-            shutil.rmtree(target)
+        # The report is built where it will live: the paths it names are the kept ones.
+        # The machine it replaces waits aside until the build succeeds, then goes.
+        old = target.rename(to / f".{name}.replaced") if target.exists() else None
         tmp.rename(target)
+        try:
+            _report_of_kept(target, name, to)
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            if old is not None:
+                old.rename(target)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _report_of_kept(folder: Path, name: str, to: Path) -> None:
+    from dpscale.report import build   # matplotlib: only now
+    plan_info = json.loads((folder / "plan.json").read_text())
+    build(folder / "runs", folder / "fingerprint.json", folder / "report", name=name, references=[to],
+          targets=[str(folder / "runs" / t) for t in plan_info["targets"]], plan_info=plan_info,
+          book_path=Path(__file__).resolve().parents[2] / "reference" / "book_4090.yaml")
 
 
 def add_forecast_parser(sub) -> None:
