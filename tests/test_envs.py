@@ -24,7 +24,8 @@ from dpscale.run import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 # import name -> the package that provides it, where they differ
-IMPORT_TO_PACKAGE = {"yaml": "pyyaml", "PIL": "pillow", "pynvml": "nvidia-ml-py", "jaxlib": "jaxlib"}
+IMPORT_TO_PACKAGE = {"yaml": "pyyaml", "PIL": "pillow", "pynvml": "nvidia-ml-py", "jaxlib": "jaxlib",
+                     "cudnn": "nvidia-cudnn-frontend"}
 # An import inside a function that another family's jobs run, not this env's: what a
 # module shared by several rule families imports lazily so that each pays only for its
 # own. (env, module, import) -> why. Each entry must still be a lazy import there.
