@@ -83,3 +83,34 @@ def test_every_efficiency_interval_stays_in_0_2(tmp_path):
             if r["efficiency_lo"] is not None]
     assert len(rows) >= 4 and all(0 <= r["efficiency_lo"] <= r["efficiency"] <= r["efficiency_hi"] <= 2 for r in rows)
     assert all(r["ratio_covers"] == "timed epochs within one launch" for r in rows)
+
+
+def _workdir_from(kept, dest):
+    """A run's folder as `dpscale keep` reads it, made from a kept machine."""
+    shutil.copytree(kept / "runs", dest / "results" / "runs")
+    shutil.copy2(kept / "fingerprint.json", dest / "results" / "fingerprint.json")
+    (dest / "results" / "report").mkdir()
+    shutil.copy2(kept / "plan.json", dest / "results" / "report" / "plan.json")
+    (dest / "logs").mkdir()
+    return dest
+
+
+def test_keep_builds_its_report_in_place_and_a_failed_build_keeps_the_old_machine(tmp_path, monkeypatch):
+    """The kept report names the kept files (not the temporary folder it was copied
+    through); a replacement whose report fails to build leaves the old machine as it was."""
+    work, to = _workdir_from(H200X2, tmp_path / "work"), tmp_path / "reference"
+    kept = cli.keep("x2", work, to)
+    md = (kept / "report" / "report.md").read_text()
+    assert str(kept / "runs" / "ddp_weak") in md and f"{to}/.x2." not in md
+    with pytest.raises(SystemExit, match="--force"):
+        cli.keep("x2", work, to)
+    before = sorted(p.relative_to(kept) for p in kept.rglob("*"))
+
+    def broken(*a, **k):
+        raise RuntimeError("matplotlib fell over")
+    monkeypatch.setattr(cli, "_report_of_kept", broken)
+    (work / "results" / "runs" / "ddp_weak" / "seed" / "k1.json").unlink()
+    with pytest.raises(RuntimeError, match="fell over"):
+        cli.keep("x2", work, to, force=True)
+    assert sorted(p.relative_to(kept) for p in kept.rglob("*")) == before
+    assert [p.name for p in to.iterdir()] == ["x2"]   # nothing left aside
