@@ -56,14 +56,6 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def frontend_version() -> str | None:
-    try:
-        import cudnn
-    except ImportError:
-        return None
-    return f"{cudnn.__version__} (cuDNN {cudnn.backend_version_string()})"
-
-
 # ---------------------------------------------------------------- the cuDNN graph
 
 @functools.cache
