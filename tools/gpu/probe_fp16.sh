@@ -9,11 +9,8 @@
 # per-layer tables of the fused and the bf16 model. Everything lands in $OUT.
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-.}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -1
-# A package too big for the 64 MB carry limit travels as a trimmed site-packages tree:
-# nvidia-cudnn-frontend without its attention and GEMM kernels, which conv graphs never import.
-mkdir -p /tmp/site; for t in .whl/*.tar.xz; do [ -f "$t" ] && tar xJf "$t" -C /tmp/site; done
-export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+source "$(dirname "$0")/site.sh"
+export PYTHONPATH=$PWD/src:$PYTHONPATH
 python3 -c "import cudnn, torch; print('cudnn frontend', cudnn.__version__, 'backend', cudnn.backend_version_string(), 'torch', torch.__version__)"
 timeout 180 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/test_fused_convbn.py 2>&1 | tail -15 | tee $OUT/pytest_fused.log
 timeout -s INT --kill-after=20 "${1:-300}" python3 tools/gpu/probe_roofline.py --budget-s $(( ${1:-300} - 20 )) \

@@ -10,11 +10,7 @@
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-.}
 mkdir -p /tmp/bin; command -v python >/dev/null || ln -sf "$(command -v python3)" /tmp/bin/python; export PATH=/tmp/bin:$PATH
-python3 -c "import snakemake" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>&1 | tail -1
-# A package too big for the 64 MB carry limit travels as a trimmed site-packages tree:
-# nvidia-cudnn-frontend without its attention and GEMM kernels, which conv graphs never import.
-mkdir -p /tmp/site; for t in .whl/*.tar.xz; do [ -f "$t" ] && tar xJf "$t" -C /tmp/site; done
-export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+source "$(dirname "$0")/site.sh"
 [ -d .fmnist ] && set -- "$@" "data={source: auto, local_dir: $PWD/.fmnist}"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader; env | grep -E "^(NCCL|NVSHMEM|TORCH_SYMM)" | sort | tr '\n' ' '; echo
 echo "$ snakemake --cores 16 --scheduler greedy ${TARGETS:-report} --config ks=${KS:-[1]} ${*:2}"
