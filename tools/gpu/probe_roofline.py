@@ -38,6 +38,7 @@ def parse():
     ap.add_argument("--budget-s", type=float, default=210.0)
     ap.add_argument("--variants", default=",".join(tp.VARIANTS))
     ap.add_argument("--layers", default="base,all", help="variants whose eager per-layer table is taken")
+    ap.add_argument("--kernels", default="", help="variants whose kernel table (dpscale.lab.kernel_table) is taken")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     return ap.parse_args()
@@ -77,7 +78,8 @@ def variant_stage(rep, ctx, args, batches, steps, reps, roof):
         t = time.time()
         try:
             r = tp.time_variant(ctx, tp.VARIANTS[name], batches, steps, reps, args.smoke,
-                                lr=0.01 if args.smoke else 0.1)
+                                lr=0.01 if args.smoke else 0.1,
+                                profile_steps=10 if ctx.cuda and name in args.kernels.split(",") else 0)
         except Exception as e:   # one variant that fails to compile or capture: the rest still run
             rep.emit("variant", name=name, error=f"{type(e).__name__}: {e}"[:600])
             continue
@@ -88,7 +90,10 @@ def variant_stage(rep, ctx, args, batches, steps, reps, roof):
             r.update(tp.loss_check(base_losses, r["losses"]))
         if roof.get("samples_per_s"):
             r["roofline_fraction"] = r["samples_per_s_median"] / roof["samples_per_s"]
+        kernels = r.pop("kernels")
         rep.emit("variant", name=name, wall_s=last_wall, **r)
+        if kernels:
+            rep.emit("kernels", model=name, **kernels)
 
 
 def print_tables(data):
@@ -107,6 +112,13 @@ def print_tables(data):
         for k, v in layer_profile.by_kind(t["rows"]).items():
             print(f"  {k:10} {v['time_ms']:8.3f} ms measured, bound {v['bound_none_ms']:.3f} unfused, "
                   f"{v['bound_ideal_ms']:.3f} ideal")
+    for t in st.get("kernels", []):
+        print(f"\nkernels, {t['model']}: {t['kernel_ms_per_step']:.2f} ms/step in kernels, "
+              f"{t.get('wall_ms_per_step', 0):.2f} wall")
+        for k, v in t["kinds"].items():
+            print(f"  {k:18} {v['ms']:7.3f} ms  {v['launches']:6.1f} launches")
+        for r in t["top"]:
+            print(f"   {r['ms']:7.3f} ms x{r['launches']:4.1f} {r['kind']:17} {r['name'][:110]}")
     print(f"\n{'variant':12} {'median':>8} {'min':>8} {'max':>8} {'of roofline':>11} {'loss ok':>8}  graph")
     for r in st.get("variant", []):
         if "samples_per_s_median" in r:

@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dpscale.lab import layer_profile
+from dpscale.lab import kernel_table, layer_profile
 from dpscale import registry
 from dpscale.analysis import roofline
 from dpscale.measure import torch_ddp as tr
@@ -31,6 +31,10 @@ VARIANTS = {"base": {}, "all": WINS, "stem_im2col": {"stem": "im2col"},
             # what the scaling costs, then the conv + BN statistics fused in cuDNN
             "fp16": FP16, "fp16_noscale": {**FP16, "loss_scaling": "none"},
             "fp16_genstats": {**FP16, "convbn": "cudnn_genstats"},
+            "fp16_genstats_noscale": {**FP16, "convbn": "cudnn_genstats", "loss_scaling": "none"},
+            # inductor's own search over its Triton kernels' launch configurations
+            "fp16_genstats_cdt": {**FP16, "convbn": "cudnn_genstats",
+                                  "inductor": {"coordinate_descent_tuning": True}},
             # A bound, not the model: every BatchNorm removed. No fusion of BN's passes can
             # make the step faster than this, so it shows whether one can reach a target.
             "fp16_nobn": {**FP16, "no_batchnorm": True}, "nobn": {**WINS, "no_batchnorm": True}}
@@ -94,18 +98,22 @@ def _release():
 
 
 def time_variant(ctx: tr.Ctx, overrides: dict, batches: list, steps: int, reps: int, smoke: bool,
-                 lr: float = 0.1) -> dict:
-    """_time_variant, then its model, graph and compiled code freed before the next one."""
-    out = _time_variant(ctx, overrides, batches, steps, reps, smoke, lr)
+                 lr: float = 0.1, profile_steps: int = 0) -> dict:
+    """_time_variant, then its model, graph and compiled code freed before the next one.
+    An `inductor` entry in overrides: torch._inductor.config settings for this variant."""
+    overrides = dict(overrides)
+    with torch._inductor.config.patch(overrides.pop("inductor", {})):
+        out = _time_variant(ctx, overrides, batches, steps, reps, smoke, lr, profile_steps)
     _release()
     return out
 
 
 def _time_variant(ctx: tr.Ctx, overrides: dict, batches: list, steps: int, reps: int, smoke: bool,
-                  lr: float = 0.1) -> dict:
+                  lr: float = 0.1, profile_steps: int = 0) -> dict:
     """Build the tuned DDP model with `overrides`, run LOSS_CHECK_STEPS steps (compile,
     GraphedStep's eager steps, the capture) recording each loss, then `reps` timed
-    repeats of `steps` steps between synchronisations; samples/s of each repeat.
+    repeats of `steps` steps between synchronisations; samples/s of each repeat; then,
+    with profile_steps, the kernel table of that many more steps (dpscale.lab.kernel_table).
     lr: the pipeline's 0.1; the smoke run's batches of 4 diverge at it."""
     ctx.spec["config"]["tuned"] = tuned_opts(overrides, smoke)
     side = tr.graph_side_stream(ctx, True)
@@ -133,7 +141,12 @@ def _time_variant(ctx: tr.Ctx, overrides: dict, batches: list, steps: int, reps:
             call(i)
         tr.sync(ctx.device)
         rates.append(steps * batches[0][0].shape[0] / (time.perf_counter() - t))
-    return {"samples_per_s_median": statistics.median(rates), "samples_per_s_min": min(rates),
+    kernels = None
+    if profile_steps:
+        wall = batches[0][0].shape[0] / statistics.median(rates)
+        kernels = kernel_table.summarize(kernel_table.profile(call, profile_steps, lambda: tr.sync(ctx.device)),
+                                         profile_steps, wall)
+    return {"kernels": kernels, "samples_per_s_median": statistics.median(rates), "samples_per_s_min": min(rates),
             "samples_per_s_max": max(rates), "repeats": reps, "steps_per_repeat": steps,
             "losses": losses, "warm_s": warm_s, "model": tuned_model.describe(model),
             "cuda_graph": bool(graphed and graphed.graph is not None),

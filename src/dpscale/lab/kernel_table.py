@@ -1,0 +1,71 @@
+"""Where the time of a compiled, CUDA-graphed training step goes, kernel by kernel.
+
+The per-layer table (dpscale.lab.layer_profile) needs eager ops to charge kernels to
+layers; a compiled step has none, and its kernels differ from the eager ones (inductor
+fuses BatchNorm's passes with the ReLUs and adds around them). So this table profiles
+the step as the pipeline runs it and sorts each kernel into a kind by its name: the
+convolutions (cuDNN's fprop, dgrad and wgrad, and the fused conv + statistics graph),
+the GEMMs (stem, projections, head), inductor's generated kernels (reductions and
+pointwise passes: BatchNorm, ReLU, add, casts), the optimiser and loss scaling, and
+the rest. Traps: CUPTI sees the kernels inside a CUDA graph replay, but a kind is only
+as good as the kernel names (cuDNN's change between versions: the rules below are
+checked against every name a profile saw, and `other` shows what they missed).
+Imports torch lazily: profile() is for GPU probes; kind() and summarize() are pure.
+"""
+from __future__ import annotations
+
+# first match wins; each is (kind, substrings of the lower-cased kernel name)
+RULES = (
+    ("conv_wgrad", ("wgrad",)),
+    ("conv_dgrad", ("dgrad",)),
+    ("conv_fprop", ("fprop", "genstats", "convolution", "conv2d", "implicit_convolve")),
+    ("optimizer", ("multi_tensor", "fused_sgd", "_amp_", "foreach", "amp_update_scale", "non_finite")),
+    ("triton_reduction", ("triton_red", "triton_per")),
+    ("triton_pointwise", ("triton_poi",)),
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm80_")),
+    ("nccl", ("nccl",)),
+    ("copy_fill", ("memcpy", "memset", "copy", "fill")),
+)
+
+
+def kind(name: str) -> str:
+    low = name.lower()
+    for k, subs in RULES:
+        if any(s in low for s in subs):
+            return k
+    return "other"
+
+
+def summarize(kernels: list[tuple[str, float, int]], steps: int, wall_s_per_step: float | None = None,
+              top: int = 40) -> dict:
+    """kernels: (name, total device seconds, launches) over `steps` steps. Per step: each
+    kind's milliseconds and launches, the sum, and the `top` kernels by time. With the
+    step's wall time, `idle_ms`: the wall the kernels did not fill (launch gaps, host)."""
+    kinds: dict[str, dict] = {}
+    for name, secs, n in kernels:
+        k = kinds.setdefault(kind(name), {"ms": 0.0, "launches": 0})
+        k["ms"] += 1e3 * secs / steps
+        k["launches"] += n / steps
+    total = sum(k["ms"] for k in kinds.values())
+    rows = sorted(kernels, key=lambda r: -r[1])[:top]
+    out = {"steps": steps, "kernel_ms_per_step": total,
+           "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1]["ms"])),
+           "top": [{"kind": kind(n), "ms": 1e3 * s / steps, "launches": c / steps, "name": n[:160]}
+                   for n, s, c in rows]}
+    if wall_s_per_step is not None:
+        out["wall_ms_per_step"] = 1e3 * wall_s_per_step
+        out["idle_ms"] = 1e3 * wall_s_per_step - total
+    return out
+
+
+def profile(call, steps: int, sync) -> list[tuple[str, float, int]]:
+    """(name, device seconds, launches) of every kernel `steps` calls of call(i) ran."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+    sync()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as p:
+        for i in range(steps):
+            call(i)
+        sync()
+    return [(e.key, e.self_device_time_total / 1e6, e.count) for e in p.key_averages()
+            if e.self_device_time_total > 0]
