@@ -110,3 +110,18 @@ def test_roofline_fields_beside_mfu():
     assert cpu["roofline_bytes_per_sample_MB"] > 0
     with pytest.raises(ValueError, match="fusion 'magic'"):
         roofline.step_passes(BATCH, SIDE, "magic")
+
+
+def test_stats_epilogue_is_the_compiler_step_less_what_the_fusion_removes():
+    """tuned_fp16's assumption: the compiler's passes, less each residual block's BN
+    statistics pass (one read of the conv's output, now in its epilogue) and the bias
+    gradients of the convs whose bias BN cancels (all but the 1x1 shortcuts)."""
+    got = roofline.totals(roofline.step_passes(BATCH, SIDE, "stats_epilogue"))["bytes"]
+    compiler = roofline.step_passes(BATCH, SIDE, "compiler")
+    removed = sum(p.bytes for p in compiler if p.op == "bn_stats" and p.layer != "1")
+    removed += sum(p.bytes for p in compiler if p.op == "bias_grad" and not p.layer.endswith("conv3"))
+    assert removed > 0 and got == pytest.approx(sum(p.bytes for p in compiler) - removed)
+    ideal = roofline.totals(roofline.step_passes(BATCH, SIDE, "ideal"))["bytes"]
+    assert ideal < got
+    with pytest.raises(ValueError, match="stats_epilogue"):
+        roofline.step_passes(BATCH, SIDE, "fused")

@@ -11,7 +11,7 @@ compiled pointwise/reduction pass), and its error against torch. fp16 NHWC, batc
 Run on the GPU machine with the cudnn frontend importable (tools/gpu/site.sh); one JSON
 line per graph and shape: python tools/gpu/cudnn_bwd_fusion_probe.py"""
 import json
-import traceback
+import re
 
 import torch
 import torch.nn.functional as F
@@ -49,10 +49,24 @@ def graph(cudnn, handle):
 def plan(g, cudnn):
     g.validate()
     g.build_operation_graph()
-    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
     g.check_support()
     g.build_plans()
     return torch.empty(max(1, g.get_workspace_size()), device="cuda", dtype=torch.uint8)
+
+
+def sweep(g, binds, handle, most=16):
+    """Every execution plan cuDNN offers for the graph, timed: (index, ms) of those that
+    build and run, so a slow verdict is the engine's, not the first plan's."""
+    out = []
+    for i in range(min(most, g.get_execution_plan_count())):
+        try:
+            g.build_plan_at_index(i)
+            ws = torch.empty(max(1, g.get_workspace_size_plan_at_index(i)), device="cuda", dtype=torch.uint8)
+            out.append((i, round(tm(lambda: g.execute_plan_at_index(binds, ws, i, handle=handle)), 4)))
+        except Exception as e:   # a plan that does not build: the next one
+            out.append((i, f"{type(e).__name__}"))
+    return out
 
 
 def t(g, name, x):
@@ -64,8 +78,20 @@ def _dt(x):
     return {torch.float16: cudnn.data_type.HALF, torch.float32: cudnn.data_type.FLOAT}[x.dtype]
 
 
-def activation(g, Y, S, B):
-    return g.relu(input=g.bias(input=g.scale(input=Y, scale=S), bias=B))
+def activation(g, Y, S, B, half=False):
+    """relu(y*scale + bias); half: every intermediate in fp16 (the runtime-fusion engines
+    reject a two-input pointwise op whose input is fp32, as the first probe showed)."""
+    import cudnn
+    a = g.scale(input=Y, scale=S)
+    if half:
+        a.set_data_type(cudnn.data_type.HALF)
+    a = g.bias(input=a, bias=B)
+    if half:
+        a.set_data_type(cudnn.data_type.HALF)
+    a = g.relu(input=a)
+    if half:
+        a.set_data_type(cudnn.data_type.HALF)
+    return a
 
 
 def stats_out(*ts):
@@ -74,10 +100,10 @@ def stats_out(*ts):
         T.set_output(True).set_data_type(cudnn.data_type.FLOAT)
 
 
-def fprop_prologue(cudnn, handle, y, sc, bi, w):
+def fprop_prologue(cudnn, handle, y, sc, bi, w, half=False):
     g = graph(cudnn, handle)
     Y, S, B, W = t(g, "Y", y), t(g, "S", sc), t(g, "B", bi), t(g, "W", w)
-    Z = g.conv_fprop(image=activation(g, Y, S, B), weight=W, padding=[1, 1], stride=[1, 1], dilation=[1, 1])
+    Z = g.conv_fprop(image=activation(g, Y, S, B, half), weight=W, padding=[1, 1], stride=[1, 1], dilation=[1, 1])
     Z.set_output(True).set_data_type(cudnn.data_type.HALF)
     SUM, SQ = g.genstats(input=Z)
     stats_out(SUM, SQ)
@@ -88,10 +114,10 @@ def fprop_prologue(cudnn, handle, y, sc, bi, w):
     return (lambda: g.execute(binds, ws, handle=handle)), (z,)
 
 
-def wgrad_prologue(cudnn, handle, y, sc, bi, dy, w):
+def wgrad_prologue(cudnn, handle, y, sc, bi, dy, w, half=False):
     g = graph(cudnn, handle)
     Y, S, B, DY = t(g, "Y", y), t(g, "S", sc), t(g, "B", bi), t(g, "DY", dy)
-    DW = g.conv_wgrad(image=activation(g, Y, S, B), loss=DY, padding=[1, 1], stride=[1, 1], dilation=[1, 1])
+    DW = g.conv_wgrad(image=activation(g, Y, S, B, half), loss=DY, padding=[1, 1], stride=[1, 1], dilation=[1, 1])
     DW.set_output(True).set_data_type(cudnn.data_type.FLOAT).set_dim(list(w.shape)).set_stride(list(w.stride()))
     ws = plan(g, cudnn)
     dw = torch.empty(w.shape, device="cuda", dtype=torch.float32).to(memory_format=torch.channels_last)
@@ -117,7 +143,9 @@ def dgrad_drelu(cudnn, handle, y, sc, bi, dy, w, reduce: bool):
             binds[R] = r
             outs.append(r)
     ws = plan(g, cudnn)
-    return (lambda: g.execute(binds, ws, handle=handle)), tuple(outs)
+    run = lambda: g.execute(binds, ws, handle=handle)
+    run.sweep = lambda: sweep(g, binds, handle)
+    return run, tuple(outs)
 
 
 def reference(y, sc, bi, dy, w):
@@ -163,8 +191,11 @@ def main():
         bi = (0.1 * torch.randn(1, c, 1, 1, device="cuda", generator=g)).float()
         ref = reference(y, sc, bi, dy, w)
         emit(what="torch_pieces", shape=name, **{k: round(v, 4) for k, v in torch_pieces(y, sc, bi, dy, w).items()})
+        sch, bih = sc.half(), bi.half()
         cases = {"fprop_prologue": (lambda: fprop_prologue(cudnn, handle, y, sc, bi, w), ("z",)),
+                 "fprop_prologue_half": (lambda: fprop_prologue(cudnn, handle, y, sch, bih, w, True), ("z",)),
                  "wgrad_prologue": (lambda: wgrad_prologue(cudnn, handle, y, sc, bi, dy, w), ("dw",)),
+                 "wgrad_prologue_half": (lambda: wgrad_prologue(cudnn, handle, y, sch, bih, dy, w, True), ("dw",)),
                  "dgrad_drelu": (lambda: dgrad_drelu(cudnn, handle, y, sc, bi, dy, w, False), ("dt",)),
                  "dgrad_drelu_red": (lambda: dgrad_drelu(cudnn, handle, y, sc, bi, dy, w, True),
                                      ("dt", "sum_dt", "sum_dty"))}
@@ -175,10 +206,11 @@ def main():
                 torch.cuda.synchronize()
                 errs = {k: rel(o.flatten() if o.dim() == 4 and o.shape[0] == 1 else o, ref[k].flatten()
                                if o.dim() == 4 and o.shape[0] == 1 else ref[k]) for k, o in zip(keys, outs)}
-                emit(what=case, shape=name, supported=True, ms=round(tm(run), 4), rel_err=errs)
+                emit(what=case, shape=name, supported=True, ms=round(tm(run), 4), rel_err=errs,
+                     plans=run.sweep() if hasattr(run, "sweep") else None)
             except Exception as e:
-                emit(what=case, shape=name, supported=False, error=f"{type(e).__name__}: {e}"[:400])
-                traceback.print_exc(limit=2)
+                emit(what=case, shape=name, supported=False, error=f"{type(e).__name__}: {e}"[:400],
+                     reasons=sorted(set(re.findall(r"Reason: ([^\n]+)", str(e))))[:12])
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dpscale.lab import layer_profile, tuned_probe as tp  # noqa: E402
+from dpscale.lab import kernel_table, layer_profile, tuned_probe as tp  # noqa: E402
 
 T0 = time.time()
 
@@ -93,7 +93,9 @@ def variant_stage(rep, ctx, args, batches, steps, reps, roof):
         kernels = r.pop("kernels")
         rep.emit("variant", name=name, wall_s=last_wall, **r)
         if kernels:
-            rep.emit("kernels", model=name, **kernels)
+            fusion = "stats_epilogue" if tp.VARIANTS[name].get("convbn", "none") != "none" else "compiler"
+            walls = [kernel_table.wall(kernels, args.batch, args.side, args.copy_Bps, f) for f in (fusion, "ideal")]
+            rep.emit("kernels", model=name, walls=walls, **kernels)
 
 
 def print_tables(data):
@@ -117,6 +119,10 @@ def print_tables(data):
               f"{t.get('wall_ms_per_step', 0):.2f} wall")
         for k, v in t["kinds"].items():
             print(f"  {k:18} {v['ms']:7.3f} ms  {v['launches']:6.1f} launches")
+        for w in t.get("walls", []):
+            print(f"  wall ({w['fusion']}): convs+GEMMs {w['conv_and_gemm_ms']:.2f} ms measured + "
+                  f"{w['other_passes_GB']:.2f} GB other passes at copy bandwidth {w['other_passes_ms']:.2f} ms"
+                  f" = {w['step_ms']:.2f} ms: at most {w['samples_per_s']:.0f} samples/s")
         for r in t["top"]:
             print(f"   {r['ms']:7.3f} ms x{r['launches']:4.1f} {r['kind']:17} {r['name'][:110]}")
     print(f"\n{'variant':12} {'median':>8} {'min':>8} {'max':>8} {'of roofline':>11} {'loss ok':>8}  graph")
@@ -144,6 +150,7 @@ def main():
             rep.emit("roofline", **row)
         roof = rep.data["stages"]["roofline"][-1]   # ideal
         batches = tp.fixed_batches(ctx, nb, B, S)
+        args.batch, args.side, args.copy_Bps = B, S, rates["copy_Bps"]
         for name in filter(None, args.layers.split(",")):
             layer_stage(rep, ctx, name, tp.VARIANTS[name], batches[0], S, rates, prof_steps)
         variant_stage(rep, ctx, args, batches, steps, reps, roof)

@@ -8,11 +8,15 @@ move. A pass cannot beat max(FLOPs / peak, bytes / bandwidth); the step's bound 
 sum over passes. The shapes come from models.STAGES and the image size; the two rates
 are measured in the same job (the bf16 matmul peak and the device copy bandwidth).
 
-What is fused changes the bytes, not the FLOPs. Three named assumptions:
+What is fused changes the bytes, not the FLOPs. Four named assumptions (FUSIONS: the
+first, second and last, which the reference tables show):
   none      every BatchNorm, ReLU, add and bias add is its own pass (eager PyTorch)
   compiler  what a compiler fuses around opaque cuDNN convolutions: the bias add and
             BN-apply+ReLU(+add) in one pointwise pass, BN statistics one separate
             reduction pass, the bias gradient still its own reduction
+  stats_epilogue  the tuned_fp16 series: compiler, with the biases BN cancels dropped
+            and each residual block's BN statistics in its conv's forward epilogue
+            (cuDNN's conv_fprop + genstats); the stem's statistics stay a pass
   ideal     BN statistics in the convolution's epilogue (forward, and the backward
             reductions in the dgrad's epilogue), one BN-apply+ReLU(+add) pass
 FLOPs are what torch.utils.flop_counter counts (convolutions and the linear layer,
@@ -33,7 +37,8 @@ from dataclasses import dataclass, field
 
 from dpscale.model.models import STAGES
 
-FUSIONS = ("none", "compiler", "ideal")
+FUSIONS = ("none", "compiler", "ideal")          # the three the reference tables show
+MODELLED = FUSIONS + ("stats_epilogue",)
 ACT = 2      # bytes of an activation or activation gradient element (bf16)
 MASTER = 4   # bytes of an fp32 parameter, gradient element
 NUM_CLASSES = 10
@@ -109,11 +114,12 @@ class Step:
         self.add(c.name, "wgrad", "backward", ACT * (y + x_read + c.weights), flops)
         if self.fusion == "none":
             self.add(c.name, "bias_add", "forward", ACT * 2 * y)    # r y, w y
-        if self.fusion in ("none", "compiler"):
+        if self.fusion in ("none", "compiler") or (self.fusion == "stats_epilogue" and c.name.endswith("conv3")):
             self.add(c.name, "bias_grad", "backward", ACT * y)     # r dy: the extern conv backward's sum
         return y
 
-    def bn_relu(self, bn: str, relu: str, n: int, consumer: tuple[str, str], residual: bool = False):
+    def bn_relu(self, bn: str, relu: str, n: int, consumer: tuple[str, str], residual: bool = False,
+                stem: bool = False):
         """BatchNorm, then ReLU; with residual, the shortcut is added before the ReLU.
         Backward, g (the gradient of the ReLU's output z) arrives from `consumer`, the
         (layer, op) that writes it; a sum of two branches is counted apart (grad_sum)."""
@@ -127,8 +133,9 @@ class Step:
             self.add(relu, "relu_bwd", "backward", 3 * e)           # r g, r z, w dA
             self.add(bn, "bn_bwd_reduce", "backward", 2 * e)        # r dA, r y
             self.add(bn, "bn_bwd_apply", "backward", 3 * e)         # r dA, r y, w dy
-        elif self.fusion == "compiler":
-            self.add(bn, "bn_stats", "forward", e)                  # r y (+ bias, on the fly)
+        elif self.fusion in ("compiler", "stats_epilogue"):
+            if self.fusion == "compiler" or stem:                   # else: the conv's epilogue, no bytes
+                self.add(bn, "bn_stats", "forward", e)              # r y (+ bias, on the fly)
             self.add(bn, "bn_apply_relu", "forward", (2 + r) * e)   # r y (, r shortcut), w z
             # threshold_backward reads z for the mask, in the reduction and again in the
             # apply; with a shortcut the reduction writes dA (the shortcut needs it) and the
@@ -189,13 +196,13 @@ def num_params(image_size: int = 64) -> int:
 
 def step_passes(batch: int, image_size: int, fusion: str = "ideal") -> list[Pass]:
     """Every pass of one training step (forward, backward, update) of `batch` samples."""
-    if fusion not in FUSIONS:
-        raise ValueError(f"fusion {fusion!r} is not one of {FUSIONS}")
+    if fusion not in MODELLED:
+        raise ValueError(f"fusion {fusion!r} is not one of {MODELLED}")
     st = Step(batch, fusion)
     blocks = list(block_convs(image_size))
     # who writes the gradient of each BN-ReLU output: the dgrad of the conv reading it
     consumers = [(c1.name, "dgrad") for _, c1, _, _ in blocks] + [("global_avg_pool", "pool_bwd")]
-    st.bn_relu("1", "2", st.conv(stem_conv(image_size)), consumers[0])
+    st.bn_relu("1", "2", st.conv(stem_conv(image_size)), consumers[0], stem=True)
     for (name, conv1, conv2, conv3), consumer in zip(blocks, consumers[1:]):
         st.grad_sum(name, st.elements(conv1.cin, conv1.h_in), conv1.name)
         st.bn_relu(f"{name}.bn1", name, st.conv(conv1), (conv2.name, "dgrad"))

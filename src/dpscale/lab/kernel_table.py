@@ -10,18 +10,23 @@ pointwise passes: BatchNorm, ReLU, add, casts), the optimiser and loss scaling, 
 the rest. Traps: CUPTI sees the kernels inside a CUDA graph replay, but a kind is only
 as good as the kernel names (cuDNN's change between versions: the rules below are
 checked against every name a profile saw, and `other` shows what they missed).
-Imports torch lazily: profile() is for GPU probes; kind() and summarize() are pure.
+Imports torch lazily: profile() is for GPU probes; kind(), summarize() and wall() are pure.
 """
 from __future__ import annotations
 
+from dpscale.analysis import roofline
+
+CONV_KINDS = ("conv_fprop", "conv_dgrad", "conv_wgrad", "gemm")
+
 # first match wins; each is (kind, substrings of the lower-cased kernel name)
 RULES = (
+    # inductor's names first: they carry the aten ops they fuse (convolution_backward, ...)
+    ("triton_reduction", ("triton_red", "triton_per")),
+    ("triton_pointwise", ("triton_poi",)),
     ("conv_wgrad", ("wgrad",)),
     ("conv_dgrad", ("dgrad",)),
     ("conv_fprop", ("fprop", "genstats", "convolution", "conv2d", "implicit_convolve")),
     ("optimizer", ("multi_tensor", "fused_sgd", "_amp_", "foreach", "amp_update_scale", "non_finite")),
-    ("triton_reduction", ("triton_red", "triton_per")),
-    ("triton_pointwise", ("triton_poi",)),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm80_")),
     ("nccl", ("nccl",)),
     ("copy_fill", ("memcpy", "memset", "copy", "fill")),
@@ -69,3 +74,20 @@ def profile(call, steps: int, sync) -> list[tuple[str, float, int]]:
         sync()
     return [(e.key, e.self_device_time_total / 1e6, e.count) for e in p.key_averages()
             if e.self_device_time_total > 0]
+
+
+def wall(summary: dict, batch: int, image_size: int, copy_Bps: float, fusion: str = "stats_epilogue") -> dict:
+    """The fastest step the measured convolutions allow under `fusion`: the kernels that
+    do the step's FLOPs (cuDNN's convolutions and the GEMMs) at the times this profile
+    measured, plus every other pass the fusion leaves (dpscale.analysis.roofline: BN,
+    ReLU, add, pool, casts, SGD) at the measured copy bandwidth, with no gaps between
+    kernels. A step with these convolutions cannot beat it: a target above it needs
+    faster convolutions or a fusion that removes passes, not better elementwise kernels."""
+    conv_ms = sum(summary["kinds"].get(k, {}).get("ms", 0.0) for k in CONV_KINDS)
+    rest = [p for p in roofline.step_passes(batch, image_size, fusion)
+            if p.op not in ("fprop", "dgrad", "wgrad") and p.host is None]
+    rest_bytes = sum(p.bytes for p in rest)
+    step_ms = conv_ms + 1e3 * rest_bytes / copy_Bps
+    return {"fusion": fusion, "conv_and_gemm_ms": conv_ms, "other_passes_GB": rest_bytes / 1e9,
+            "other_passes_ms": 1e3 * rest_bytes / copy_Bps, "step_ms": step_ms,
+            "samples_per_s": batch / (step_ms / 1e3)}
