@@ -10,12 +10,15 @@
      with each alone: median, min and max samples/s over REPS repeats of STEPS steps
      after 20 warm-up steps (compile, 11 eager steps, the capture), and each variant's
      first 20 losses against the base variant's (same weights, same batches)
+  5. for the variants named by --kernels: the kernel table of 10 more graphed steps (each
+     kernel's kind and time, dpscale.lab.kernel_table) and the wall those measured
+     convolutions allow under the variant's fusion and under the ideal one
 Every result is printed as a JSON line when it is known, and $OUT/probe_roofline.json
 (or --out DIR) is rewritten after every stage, so a run stopped by its budget or killed
 keeps what it had; readable tables come last. Variants run in order of worth and are
 skipped once the budget cannot hold another (the first one's time sets the estimate).
 Usage: timeout -s INT 250 python tools/gpu/probe_roofline.py [--budget-s 200] [--variants base,all,...]
-         [--layers base,all] [--smoke]
+         [--layers base,all] [--kernels fp16_genstats,...] [--smoke]
   --smoke: 16x16 images, batch 4, gloo on the CPU, no compile, no graph (a typo check).
   A SIGINT (timeout -s INT) stops the stage under way and still prints the tables."""
 import argparse
