@@ -32,6 +32,7 @@ VARIANTS = {"base": {}, "all": WINS, "stem_im2col": {"stem": "im2col"},
             "fp16": FP16, "fp16_noscale": {**FP16, "loss_scaling": "none"},
             "fp16_genstats": {**FP16, "convbn": "cudnn_genstats"},
             "fp16_genstats_noscale": {**FP16, "convbn": "cudnn_genstats", "loss_scaling": "none"},
+            "fp16_genstats_dbn": {**FP16, "convbn": "cudnn_genstats_dbn"},   # + bn1's backward sums in dgrad
             # inductor's own search over its Triton kernels' launch configurations
             "fp16_genstats_cdt": {**FP16, "convbn": "cudnn_genstats",
                                   "inductor": {"coordinate_descent_tuning": True}},

@@ -40,7 +40,7 @@ DTYPE = torch.float16          # the only dtype with a fused engine on sm_90 (se
 STATS_DIMS = (0, 2, 3)         # per channel, over N, H, W
 
 
-def _acc(t: torch.Tensor) -> torch.dtype:
+def acc_dtype(t: torch.Tensor) -> torch.dtype:
     """The accumulation dtype: fp32, or fp64 for fp64 tensors (the CPU gradcheck)."""
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
@@ -59,7 +59,7 @@ def unavailable_reason() -> str | None:
 # ---------------------------------------------------------------- the cuDNN graph
 
 @functools.cache
-def _handle(device_index: int):
+def cudnn_handle(device_index: int):
     import cudnn
     with torch.cuda.device(device_index):
         return cudnn.create_handle()
@@ -72,7 +72,7 @@ def _graph(device_index: int, x_shape, x_stride, w_shape, w_stride, stride, padd
     import cudnn
     half, f32 = cudnn.data_type.HALF, cudnn.data_type.FLOAT
     g = cudnn.pygraph(io_data_type=half, intermediate_data_type=f32, compute_data_type=f32,
-                      handle=_handle(device_index))
+                      handle=cudnn_handle(device_index))
     X = g.tensor(name="X", dim=list(x_shape), stride=list(x_stride), data_type=half)
     W = g.tensor(name="W", dim=list(w_shape), stride=list(w_stride), data_type=half)
     Y = g.conv_fprop(image=X, weight=W, padding=list(padding), stride=list(stride), dilation=[1, 1])
@@ -94,10 +94,10 @@ def _out_shape(x: torch.Tensor, w: torch.Tensor, stride, padding) -> tuple[int, 
     return (n, w.shape[0], (h + 2 * padding[0] - kh) // stride[0] + 1, (wd + 2 * padding[1] - kw) // stride[1] + 1)
 
 
-def _empty_outputs(x, w, stride, padding):
+def empty_outputs(x, w, stride, padding):
     y = torch.empty(_out_shape(x, w, stride, padding), dtype=x.dtype, device=x.device,
                     memory_format=torch.channels_last)
-    c, acc = w.shape[0], _acc(x)
+    c, acc = w.shape[0], acc_dtype(x)
     return y, x.new_empty((c,), dtype=acc), x.new_empty((c,), dtype=acc)
 
 
@@ -107,7 +107,7 @@ def conv_genstats(x: torch.Tensor, w: torch.Tensor, stride: list[int], padding: 
     """The reference (CPU, and any device without the cuDNN graph): torch's conv, then
     the per-channel sum and sum of squares of its output in fp32."""
     y = F.conv2d(x, w, None, stride, padding).contiguous(memory_format=torch.channels_last)
-    yf = y.to(_acc(y))
+    yf = y.to(acc_dtype(y))
     return y, yf.sum(STATS_DIMS), (yf * yf).sum(STATS_DIMS)
 
 
@@ -121,9 +121,9 @@ def _conv_genstats_cuda(x, w, stride, padding):
     dev = x.device.index if x.device.index is not None else torch.cuda.current_device()
     g, X, W, Y, SUM, SQ, ws_bytes = _graph(dev, tuple(x.shape), tuple(x.stride()), tuple(w.shape),
                                            tuple(w.stride()), tuple(stride), tuple(padding))
-    y, s, q = _empty_outputs(x, w, stride, padding)
+    y, s, q = empty_outputs(x, w, stride, padding)
     ws = torch.empty(max(1, ws_bytes), dtype=torch.uint8, device=x.device)
-    handle = _handle(dev)
+    handle = cudnn_handle(dev)
     # Trap: the handle keeps the stream it was given last. Inside a CUDA graph capture the
     # current stream is the capture's side stream; a kernel on any other is not recorded.
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(x.device).cuda_stream)
@@ -133,7 +133,7 @@ def _conv_genstats_cuda(x, w, stride, padding):
 
 @conv_genstats.register_fake
 def _conv_genstats_fake(x, w, stride, padding):
-    return _empty_outputs(x, w, stride, padding)
+    return empty_outputs(x, w, stride, padding)
 
 
 def _setup(ctx, inputs, output):
@@ -142,16 +142,22 @@ def _setup(ctx, inputs, output):
     ctx.stride, ctx.padding = list(stride), list(padding)
 
 
-def _backward(ctx, gy, gsum, gsq):
-    x, w, y = ctx.saved_tensors
+def stats_grad(y, gy, gsum, gsq) -> torch.Tensor:
+    """The gradient reaching y, the conv's output, from (y, sum, sum of squares):
+    dL/dy + dL/dsum + 2 y dL/dsumsq, in y's dtype and channels_last."""
     c = y.shape[1]
-    acc = _acc(y)
+    acc = acc_dtype(y)
     g = gy.to(acc) if gy is not None else torch.zeros_like(y, dtype=acc)
     if gsum is not None:
         g = g + gsum.view(1, c, 1, 1)
     if gsq is not None:
         g = g + 2 * y.to(acc) * gsq.view(1, c, 1, 1)
-    g = g.to(y.dtype).contiguous(memory_format=torch.channels_last)
+    return g.to(y.dtype).contiguous(memory_format=torch.channels_last)
+
+
+def _backward(ctx, gy, gsum, gsq):
+    x, w, y = ctx.saved_tensors
+    g = stats_grad(y, gy, gsum, gsq)
     dx, dw, _ = torch.ops.aten.convolution_backward(g, x, w, None, ctx.stride, ctx.padding, [1, 1], False,
                                                     [0, 0], 1, [ctx.needs_input_grad[0], ctx.needs_input_grad[1], False])
     return dx, dw, None, None
@@ -163,8 +169,14 @@ conv_genstats.register_autograd(_backward, setup_context=_setup)
 # ---------------------------------------------------------------- BatchNorm from the sums
 
 def batch_norm_from_sums(y: torch.Tensor, s: torch.Tensor, q: torch.Tensor, bn: nn.BatchNorm2d) -> torch.Tensor:
-    """BN in training mode, given y's per-channel sum and sum of squares: normalised with
-    the biased variance, the running statistics updated with the unbiased one (torch's)."""
+    """BN in training mode, given y's per-channel sum and sum of squares (bn_train's output)."""
+    return bn_train(y, s, q, bn)[0]
+
+
+def bn_train(y: torch.Tensor, s: torch.Tensor, q: torch.Tensor, bn: nn.BatchNorm2d):
+    """BN in training mode from y's per-channel sums: (y * scale + shift, scale, shift),
+    per channel, in fp32, the output in y's dtype; normalised with the biased variance,
+    the running statistics updated with the unbiased one (torch's)."""
     m = y.numel() // y.shape[1]
     mean = s / m
     var = (q / m - mean * mean).clamp_min(0)
@@ -178,7 +190,7 @@ def batch_norm_from_sums(y: torch.Tensor, s: torch.Tensor, q: torch.Tensor, bn: 
     if bn.weight is not None:
         scale = scale * bn.weight
     shift = -mean * scale + (bn.bias if bn.bias is not None else 0)
-    return (y.to(_acc(y)) * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)).to(y.dtype)
+    return (y.to(acc_dtype(y)) * scale.view(1, -1, 1, 1) + shift.view(1, -1, 1, 1)).to(y.dtype), scale, shift
 
 
 class GenstatsConvBN(nn.Module):

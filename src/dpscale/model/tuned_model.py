@@ -24,11 +24,13 @@ Each is a tuned option, switchable alone (registry.TORCH_TUNED; off by default):
       the conv's bias cancels (its gradient is zero) and only costs a pass. Dropped, and
       folded into the BN's running_mean so that eval mode is unchanged too. Not the 1x1
       shortcut's: its output is added without BN.
-  convbn          "none" | "cudnn_genstats"
+  convbn          "none" | "cudnn_genstats" | "cudnn_genstats_dbn"
       Each residual block's conv -> BN pairs as one cuDNN graph that writes the BN
       statistics from the convolution's epilogue (dpscale.model.fused_convbn): fp16
       only, so the tuned_fp16 series that switches it on also computes in fp16. Needs
       cancelled_bias=drop (a conv bias would have to be added after the statistics).
+      cudnn_genstats_dbn: also bn1's backward reductions (and ReLU's backward) in
+      conv2's dgrad epilogue, one more cuDNN graph (dpscale.model.fused_dbn).
 The parameters keep their names (a replacing module owns the same Parameter objects).
 """
 from __future__ import annotations
@@ -37,10 +39,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dpscale.model import fused_convbn
+from dpscale.model import fused_convbn, fused_dbn
 
 CHOICES = {"stem": ("conv", "im2col", "direct"), "projection": ("conv", "slice_matmul"),
-           "cancelled_bias": ("keep", "drop"), "convbn": ("none", "cudnn_genstats")}
+           "cancelled_bias": ("keep", "drop"),
+           "convbn": ("none", "cudnn_genstats", "cudnn_genstats_dbn")}
 DEFAULTS = {key: values[0] for key, values in CHOICES.items()}
 TAPS_PADDED = 16
 
@@ -69,6 +72,8 @@ def apply(model: nn.Module, opts: dict) -> nn.Module:
                 block.conv3 = SliceMatmulProjection(block.conv3)
     if c["convbn"] == "cudnn_genstats":
         fused_convbn.fuse(residual_blocks(model))
+    elif c["convbn"] == "cudnn_genstats_dbn":
+        fused_dbn.fuse(model, residual_blocks(model))
     return model
 
 
