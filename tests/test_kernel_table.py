@@ -12,6 +12,9 @@ SEEN = {
     "sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize256x64x32_warpgroupsize1x1x1_g1_execute_": "conv_fprop",
     "sm90_xmma_dgrad_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize256x128x64_warpgroupsize2x1x1_g1_execute": "conv_dgrad",
     "sm90_xmma_wgrad_indexed_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize64x64x64_warpgroupsize1x1x1_g1_e": "conv_wgrad",
+    # the runtime-fusion engine's dgrad + ReLU backward + sums (dpscale.model.fused_dbn)
+    "cudnn_generated_fort_native_sm90_convBwdData_pointwise_pointwise_pointwise_pointwise_reduction_reduction_knob_2_128x128x64_5_0": "conv_dgrad",
+    "memcpy32_post": "copy_fill",
     "void cask_plugin__5x_cudnn::xmma__5x_cudnn::init_device_workspace_kernel<xmma__5x_cudnn::implicit_gemm::wgrad_": "conv_wgrad",
     # inductor's kernels name the aten ops they fuse; a convolution_backward in the name is not a conv
     "triton_poi_fused__to_copy_add_clamp_min_convolution_backward_div_mul_neg_rsqrt_threshold_backward_view_31": "triton_pointwise",

@@ -23,9 +23,10 @@ RULES = (
     # inductor's names first: they carry the aten ops they fuse (convolution_backward, ...)
     ("triton_reduction", ("triton_red", "triton_per")),
     ("triton_pointwise", ("triton_poi",)),
-    ("conv_wgrad", ("wgrad",)),
-    ("conv_dgrad", ("dgrad",)),
-    ("conv_fprop", ("fprop", "genstats", "convolution", "conv2d", "implicit_convolve")),
+    # cuDNN's runtime-fusion kernels: cudnn_generated_fort_native_sm90_convBwdData_pointwise_...
+    ("conv_wgrad", ("wgrad", "convbwdfilter")),
+    ("conv_dgrad", ("dgrad", "convbwddata")),
+    ("conv_fprop", ("fprop", "convfwd", "genstats", "convolution", "conv2d", "implicit_convolve")),
     ("optimizer", ("multi_tensor", "fused_sgd", "_amp_", "foreach", "amp_update_scale", "non_finite")),
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm80_")),
     ("nccl", ("nccl",)),
