@@ -174,6 +174,9 @@ def test_committed_h200x2_counts_its_plan(tmp_path):
     s = report.build(ref / "runs", ref / "fingerprint.json", tmp_path, name="h200x2",
                      targets=[str(ref / "runs" / t) for t in plan["targets"]], references=[], book_path=BOOK)
     assert s["counts"]["h200x2"] == {"ok": 16, "skipped": 0, "hung": 1, "failed": 0, "not run": 10}
+    # its files are named from the repository, not from the folder this clone sits in
+    md = (tmp_path / "report.md").read_text()
+    assert str(ROOT) not in md and "reference/h200x2/runs/allreduce/default/k2.json" in md
 
 
 def test_missing_keys_no_results_and_corrupt_files_still_build(tmp_path):

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpscale import registry, results as contract
+from dpscale import provenance, registry, results as contract
 
 NOT_RUN = "not run"
 STATUSES = contract.STATUSES + (NOT_RUN,)
@@ -161,13 +161,30 @@ def short_gpu(model: str | None) -> str:
     return model.replace(" PCIe", "").replace(" SXM5", "").strip() or "GPU"
 
 
+def shown(path) -> str:
+    """A path as a report names it: relative to the working folder or to the repository
+    when it lies inside either, else as given. A report kept in the repository must not
+    name the folder of the machine it was built on (reference/h200/..., not /work/...)."""
+    p = Path(path)
+    if not p.is_absolute():
+        return str(p)
+    for base in (Path.cwd(), provenance.ROOT):
+        if base.resolve() == Path(base.anchor):   # everything is inside /
+            continue
+        try:
+            return str(p.resolve().relative_to(base.resolve()))
+        except ValueError:
+            continue
+    return str(p)
+
+
 def _read(path: Path, errors: list) -> dict | None:
     try:
         r = contract.load_result(path)
     except (ValueError, OSError) as e:
-        errors.append(f"{path}: {e}")
+        errors.append(f"{shown(path)}: {e}")
         return None
-    r["_path"] = str(path)
+    r["_path"] = shown(path)
     return r
 
 
@@ -193,7 +210,7 @@ def load_planned(runs_dir, fingerprint_path, targets: list[str], *, key="current
         r = _read(path, errors) if path.exists() else None
         found[(e, v, k)] = r if r is not None else not_run((e, v, k), reason)
     return Machine(key=key, kind=kind, label=label, fingerprint=fp, results=found, plan=plan,
-                   plan_info=plan_info or {}, source=str(runs_dir), errors=errors)
+                   plan_info=plan_info or {}, source=shown(runs_dir), errors=errors)
 
 
 def load_found(runs_dir, fingerprint_path, *, key="current", kind="current", label="this run") -> Machine:
@@ -205,7 +222,7 @@ def load_found(runs_dir, fingerprint_path, *, key="current", kind="current", lab
         r = _read(p, errors)
         if r is not None:
             found[(r["experiment"], r["variant"], int(r["k"]))] = r
-    return Machine(key=key, kind=kind, label=label, fingerprint=fp, results=found, source=str(runs_dir),
+    return Machine(key=key, kind=kind, label=label, fingerprint=fp, results=found, source=shown(runs_dir),
                    errors=errors)
 
 
@@ -229,14 +246,14 @@ def _load_reference(folder: Path) -> Machine:
         info = json.loads(plan_path.read_text())
         m = load_planned(folder / "runs", folder / "fingerprint.json", info["targets"], key=folder.name,
                          kind="reference", label=folder.name, plan_info=info,
-                         missing_reason=f"planned ({plan_path}), but no result was kept")
+                         missing_reason=f"planned ({shown(plan_path)}), but no result was kept")
         extra = load_found(folder / "runs", folder / "fingerprint.json")
         for k, r in extra.results.items():   # kept results outside the plan still count
             m.results.setdefault(k, r)
         return m
     m = load_found(folder / "runs", folder / "fingerprint.json", key=folder.name, kind="reference",
                    label=folder.name)
-    m.errors.append(f"{plan_path}: no plan recorded; the results found are shown as the plan")
+    m.errors.append(f"{shown(plan_path)}: no plan recorded; the results found are shown as the plan")
     return m
 
 
