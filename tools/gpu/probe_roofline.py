@@ -71,7 +71,7 @@ def layer_stage(rep, ctx, name, overrides, batch, side, rates, steps):
              unattributed_ms=1e3 * got["_unattributed_s"], time="kernel time" if ctx.cuda else "op CPU time")
 
 
-def variant_stage(rep, ctx, args, batches, steps, reps, roof):
+def variant_stage(rep, ctx, args, batches, steps, reps, roof, copy_Bps):
     base_losses, last_wall = None, None
     for name in args.variants.split(","):
         left = args.budget_s - (time.time() - T0)
@@ -97,7 +97,8 @@ def variant_stage(rep, ctx, args, batches, steps, reps, roof):
         rep.emit("variant", name=name, wall_s=last_wall, **r)
         if kernels:
             fusion = "stats_epilogue" if tp.VARIANTS[name].get("convbn", "none") != "none" else "compiler"
-            walls = [kernel_table.wall(kernels, args.batch, args.side, args.copy_Bps, f) for f in (fusion, "ideal")]
+            B, _, S, _ = batches[0][0].shape
+            walls = [kernel_table.wall(kernels, B, S, copy_Bps, f) for f in (fusion, "ideal")]
             rep.emit("kernels", model=name, walls=walls, **kernels)
 
 
@@ -153,10 +154,9 @@ def main():
             rep.emit("roofline", **row)
         roof = rep.data["stages"]["roofline"][-1]   # ideal
         batches = tp.fixed_batches(ctx, nb, B, S)
-        args.batch, args.side, args.copy_Bps = B, S, rates["copy_Bps"]
         for name in filter(None, args.layers.split(",")):
             layer_stage(rep, ctx, name, tp.VARIANTS[name], batches[0], S, rates, prof_steps)
-        variant_stage(rep, ctx, args, batches, steps, reps, roof)
+        variant_stage(rep, ctx, args, batches, steps, reps, roof, rates["copy_Bps"])
     except KeyboardInterrupt:   # timeout -s INT: keep what was measured, print it
         rep.emit("interrupted", after_s=time.time() - T0)
     finally:

@@ -85,8 +85,8 @@ def wall(summary: dict, batch: int, image_size: int, copy_Bps: float, fusion: st
     kernels. A step with these convolutions cannot beat it: a target above it needs
     faster convolutions or a fusion that removes passes, not better elementwise kernels."""
     conv_ms = sum(summary["kinds"].get(k, {}).get("ms", 0.0) for k in CONV_KINDS)
-    rest = [p for p in roofline.step_passes(batch, image_size, fusion)
-            if p.op not in ("fprop", "dgrad", "wgrad") and p.host is None]
+    rest = [p for p in roofline.step_passes(batch, image_size, fusion)   # the passes without FLOPs
+            if not p.flops and p.host is None]
     rest_bytes = sum(p.bytes for p in rest)
     step_ms = conv_ms + 1e3 * rest_bytes / copy_Bps
     return {"fusion": fusion, "conv_and_gemm_ms": conv_ms, "other_passes_GB": rest_bytes / 1e9,

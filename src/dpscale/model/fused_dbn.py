@@ -113,6 +113,8 @@ def _fastest_plan(g, T, shapes, device_index) -> int:
 
 
 def _time(run, reps: int = 5) -> float:
+    """CUDA-event time of `reps` runs after one warm-up (analysis.timing.StepTimer does
+    this too, but the model layer sits below analysis and may not import it)."""
     run()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -219,10 +221,9 @@ class DbnResidual(nn.Module):
 
     def __init__(self, block: nn.Module):
         super().__init__()
-        self.conv1 = fc.GenstatsConvBN(block.conv1, block.bn1)
-        self.conv2 = fc.GenstatsConvBN(block.conv2, block.bn2)
-        self.conv3 = block.conv3
-        self.bn1, self.bn2 = nn.Identity(), nn.Identity()   # as fused_convbn.fuse leaves them
+        fc.fuse([block])   # the forward half, as the cudnn_genstats option has it
+        self.conv1, self.conv2, self.conv3, self.bn1, self.bn2 = (
+            block.conv1, block.conv2, block.conv3, block.bn1, block.bn2)
 
     def forward(self, x):
         shortcut = self.conv3(x) if self.conv3 is not None else x
