@@ -12,7 +12,8 @@ from dpscale.plan import (
     cluster as dscluster,
     specs,
 )
-from dpscale import data as dsdata, provenance, registry, results
+from dpscale import provenance, registry, results
+from dpscale.data import fetch as dsfetch
 
 try:
     FP = dsfp.load(config["hardware_file"]) if config["hardware_file"] else dsfp.probe()
@@ -166,7 +167,7 @@ def mpi_of(wildcards):
     """The key alone makes the SLURM plugin run a measurement in the job's batch
     step (with all of the first node's GPUs), not inside `srun -n1`; its value, set
     on multi-node jobs, makes it submit --ntasks=N, and the watchdog starts its
-    own srun over all nodes (dpscale.run.launch)."""
+    own srun over all nodes (dpscale.run.command)."""
     return "srun" if nodes_of(wildcards) > 1 else ""
 
 

@@ -13,7 +13,7 @@ rule download:
         local_dir=config["data"]["local_dir"] or "",
         # the folders holding the four files now (data.local_dir, Debian's package): installing
         # the package after a synthetic fallback reruns the data stage, and what follows it
-        found=dsdata.local_candidates(config["data"]["local_dir"]),
+        found=dsfetch.local_candidates(config["data"]["local_dir"]),
         retries=config["data"]["retries"],
         timeout_s=config["data"]["timeout_s"],
     shell:

@@ -1,6 +1,6 @@
 # Every measurement: one rule per experiment of the registry (src/dpscale/registry.py),
 # named after it, one JSON out per variant and k. Each runs under the watchdog, which
-# starts the experiment's worker (dpscale.run.launch.worker_command: torchrun with one
+# starts the experiment's worker (dpscale.run.command.worker_command: torchrun with one
 # process per device and rank logs beside the job's log, or one JAX process that sees
 # k devices; srun + one torchrun agent per node when k spans nodes) once it holds
 # its devices' locks, and records a skipped, hung or failed run instead of leaving

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the pack
 import argparse
 import logging
 
-from dpscale.data import DataError, fetch
+from dpscale.data.fetch import DataError, fetch
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--root", required=True, help="data folder (results/data)")

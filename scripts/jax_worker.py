@@ -53,7 +53,7 @@ def main() -> None:
     spec = json.loads(args.spec)
     set_platform_env(spec)
     if spec.get("launch"):   # k spans nodes: join the other nodes' processes first
-        from dpscale.run.launch import jax_initialize
+        from dpscale.run.command import jax_initialize
         jax_initialize(gpu=spec["backend"] == "xla-gpu")
     from dpscale.measure.jax_job import run   # imports jax: only after the environment is set
 

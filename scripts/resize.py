@@ -10,7 +10,7 @@ import argparse
 import logging
 import time
 
-from dpscale.data import build_cache
+from dpscale.data.resize import build_cache
 
 ap = argparse.ArgumentParser(description=__doc__)
 ap.add_argument("--root", required=True, help="data folder holding FashionMNIST/raw and source.json")

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from dpscale import data  # noqa: E402
+from dpscale.data import fetch as dfetch, resize as dresize  # noqa: E402
 from dpscale.plan import specs  # noqa: E402
 from dpscale.model.models import model_flops_record  # noqa: E402
 from dpscale.results import write_json_atomic  # noqa: E402
@@ -67,12 +67,12 @@ def jax_compile_cache(tmp_path_factory):
 def tiny_data(tmp_path_factory):
     """Raw synthetic IDX files (torchvision's layout) and a 16-px cache of 256 images."""
     root = tmp_path_factory.mktemp("data")
-    data.fetch(root, "synthetic", [])
-    x, y = data.synthetic(256, seed=0)
-    xt, yt = data.synthetic(64, seed=1)
-    arrays = {"train_x": data.resize_split(x, 16), "train_y": y.astype(np.int64),
-              "test_x": data.resize_split(xt, 16), "test_y": yt.astype(np.int64)}
-    data.write_cache(arrays, {"source": "synthetic", "origin": "tests"}, root / "fmnist_16px.npz",
+    dfetch.fetch(root, "synthetic", [])
+    x, y = dfetch.synthetic(256, seed=0)
+    xt, yt = dfetch.synthetic(64, seed=1)
+    arrays = {"train_x": dresize.resize_split(x, 16), "train_y": y.astype(np.int64),
+              "test_x": dresize.resize_split(xt, 16), "test_y": yt.astype(np.int64)}
+    dresize.write_cache(arrays, {"source": "synthetic", "origin": "tests"}, root / "fmnist_16px.npz",
                      root / "fmnist_16px.json")
     write_json_atomic(root / "flops_16px.json", model_flops_record(16))   # what rule model_flops writes
     return root

@@ -12,16 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpscale import data
+from dpscale.data import fetch as dfetch, load as dload, resize as dresize
 
 
 @pytest.fixture(scope="module")
 def served_files(tmp_path_factory):
     """Synthetic .gz files and their md5s, standing in for the published ones."""
     root = tmp_path_factory.mktemp("src")
-    data.write_synthetic(root)
-    files = data.raw_dir(root)
-    resources = tuple((name, data.md5(files / name)) for name, _ in data.RESOURCES)
+    dfetch.write_synthetic(root)
+    files = dload.raw_dir(root)
+    resources = tuple((name, dfetch.md5(files / name)) for name, _ in dfetch.RESOURCES)
     return files, resources
 
 
@@ -56,11 +56,11 @@ def _closed_port_url() -> str:
 def test_download_success(tmp_path, served_files):
     files, resources = served_files
     with _Server(files) as srv:
-        used = data.download(tmp_path, [srv.url], retries=1, resources=resources)
+        used = dfetch.download(tmp_path, [srv.url], retries=1, resources=resources)
     assert used == [srv.url] * 4
     for name, digest in resources:
-        assert data.md5(data.raw_dir(tmp_path) / name) == digest
-    assert not list(data.raw_dir(tmp_path).glob(".dl-*")), "temp folders left behind"
+        assert dfetch.md5(dload.raw_dir(tmp_path) / name) == digest
+    assert not list(dload.raw_dir(tmp_path).glob(".dl-*")), "temp folders left behind"
 
 
 def test_corrupted_file_tries_next_mirror_then_fails_clearly(tmp_path, served_files):
@@ -70,35 +70,35 @@ def test_corrupted_file_tries_next_mirror_then_fails_clearly(tmp_path, served_fi
     victim = bad / "train-labels-idx1-ubyte.gz"
     victim.write_bytes(victim.read_bytes()[:-10] + b"0123456789")
     with _Server(bad) as bad_srv, _Server(files) as good_srv:
-        used = data.download(tmp_path / "a", [bad_srv.url, good_srv.url], retries=2, resources=resources)
+        used = dfetch.download(tmp_path / "a", [bad_srv.url, good_srv.url], retries=2, resources=resources)
         assert used[1] == good_srv.url and used[0] == bad_srv.url
-        with pytest.raises(data.DataError) as e:
-            data.download(tmp_path / "b", [bad_srv.url], retries=2, backoff_s=0, resources=resources)
+        with pytest.raises(dload.DataError) as e:
+            dfetch.download(tmp_path / "b", [bad_srv.url], retries=2, backoff_s=0, resources=resources)
     msg = str(e.value)
     assert "train-labels-idx1-ubyte.gz" in msg and "checksum mismatch" in msg
     assert msg.count("attempt") == 1, "a bad checksum must not be retried on the same mirror"
-    assert not (data.raw_dir(tmp_path / "b") / "train-labels-idx1-ubyte.gz").exists()
+    assert not (dload.raw_dir(tmp_path / "b") / "train-labels-idx1-ubyte.gz").exists()
 
 
 def test_no_server_falls_back_under_auto_and_fails_under_download(tmp_path, served_files, caplog):
     _, resources = served_files
     url = _closed_port_url()
-    prov = data.fetch(tmp_path / "auto", "auto", [url], retries=2, backoff_s=0, resources=resources,
+    prov = dfetch.fetch(tmp_path / "auto", "auto", [url], retries=2, backoff_s=0, resources=resources,
                       system_dirs=())
     assert prov["source"] == "synthetic" and "Connection refused" in prov["fallback_reason"]
     assert "SYNTHETIC STAND-IN" in caplog.text
-    x = data.read_idx(data.raw_dir(tmp_path / "auto") / "train-images-idx3-ubyte")
+    x = dfetch.read_idx(dload.raw_dir(tmp_path / "auto") / "train-images-idx3-ubyte")
     assert x.shape == (60_000, 28, 28) and x.dtype == np.uint8
-    with pytest.raises(data.DataError, match="could not download"):
-        data.fetch(tmp_path / "dl", "download", [url], retries=1, backoff_s=0, resources=resources)
+    with pytest.raises(dload.DataError, match="could not download"):
+        dfetch.fetch(tmp_path / "dl", "download", [url], retries=1, backoff_s=0, resources=resources)
 
 
 def test_local_folder_is_checked(tmp_path, served_files):
     files, _ = served_files
-    with pytest.raises(data.DataError, match="md5"):   # synthetic files are not Fashion-MNIST
-        data.fetch(tmp_path, "local", [], local_dir=files)
-    with pytest.raises(data.DataError, match="not a folder"):
-        data.fetch(tmp_path, "local", [], local_dir=tmp_path / "nope")
+    with pytest.raises(dload.DataError, match="md5"):   # synthetic files are not Fashion-MNIST
+        dfetch.fetch(tmp_path, "local", [], local_dir=files)
+    with pytest.raises(dload.DataError, match="not a folder"):
+        dfetch.fetch(tmp_path, "local", [], local_dir=tmp_path / "nope")
 
 
 def _recompressed(src: Path, dest: Path, alter: str | None = None) -> dict:
@@ -108,7 +108,7 @@ def _recompressed(src: Path, dest: Path, alter: str | None = None) -> dict:
     import hashlib
     dest.mkdir(parents=True, exist_ok=True)
     unpacked = {}
-    for name, _ in data.RESOURCES:
+    for name, _ in dfetch.RESOURCES:
         body = gzip.decompress((src / name).read_bytes())
         unpacked[name] = hashlib.md5(body).hexdigest()
         if name == alter:
@@ -120,26 +120,26 @@ def _recompressed(src: Path, dest: Path, alter: str | None = None) -> dict:
 def test_a_recompressed_copy_passes_by_its_unpacked_md5_and_an_altered_one_is_refused(tmp_path, served_files):
     files, resources = served_files
     unpacked = _recompressed(files, tmp_path / "repacked")
-    prov = data.fetch(tmp_path / "a", "local", [], local_dir=tmp_path / "repacked", resources=resources,
+    prov = dfetch.fetch(tmp_path / "a", "local", [], local_dir=tmp_path / "repacked", resources=resources,
                       unpacked=unpacked)
     assert prov["source"] == "real" and set(prov["checks"].values()) == {"published unpacked md5 (recompressed .gz)"}
-    assert all(data.md5(tmp_path / "repacked" / n) != d for n, d in resources)   # the .gz md5s differ
+    assert all(dfetch.md5(tmp_path / "repacked" / n) != d for n, d in resources)   # the .gz md5s differ
     _recompressed(files, tmp_path / "altered", alter="t10k-images-idx3-ubyte.gz")
-    with pytest.raises(data.DataError, match=r"altered/t10k-images-idx3-ubyte.gz: md5 .* not the published"):
-        data.fetch(tmp_path / "b", "local", [], local_dir=tmp_path / "altered", resources=resources,
+    with pytest.raises(dload.DataError, match=r"altered/t10k-images-idx3-ubyte.gz: md5 .* not the published"):
+        dfetch.fetch(tmp_path / "b", "local", [], local_dir=tmp_path / "altered", resources=resources,
                    unpacked=unpacked)
-    assert not data.raw_dir(tmp_path / "b").exists() or not any(data.raw_dir(tmp_path / "b").iterdir())
+    assert not dload.raw_dir(tmp_path / "b").exists() or not any(dload.raw_dir(tmp_path / "b").iterdir())
 
 
 def test_auto_takes_a_local_copy_before_the_network_and_skips_a_bad_one(tmp_path, served_files):
     files, resources = served_files
     unpacked = _recompressed(files, tmp_path / "bad", alter="train-labels-idx1-ubyte.gz")
     _recompressed(files, tmp_path / "good")
-    prov = data.fetch(tmp_path / "r", "auto", [_closed_port_url()], retries=1, backoff_s=0, resources=resources,
+    prov = dfetch.fetch(tmp_path / "r", "auto", [_closed_port_url()], retries=1, backoff_s=0, resources=resources,
                       unpacked=unpacked, local_dir=tmp_path / "bad", system_dirs=(str(tmp_path / "good"),))
     assert prov["source"] == "real" and prov["origin"] == str(tmp_path / "good")
     assert prov["rejected"][0]["folder"] == str(tmp_path / "bad") and "train-labels" in prov["rejected"][0]["reason"]
-    assert data.local_candidates(None, ()) == [] and data.local_candidates(tmp_path / "good", ()) == [str(tmp_path / "good")]
+    assert dfetch.local_candidates(None, ()) == [] and dfetch.local_candidates(tmp_path / "good", ()) == [str(tmp_path / "good")]
 
 
 DEBIAN = Path("/usr/share/datasets/fashion-mnist")
@@ -149,20 +149,20 @@ DEBIAN = Path("/usr/share/datasets/fashion-mnist")
                     "(apt-get install dataset-fashion-mnist; .ci/run installs it)")
 def test_debians_package_is_real_fashion_mnist_and_its_altered_copy_is_not(tmp_path):
     """Files no one here wrote: Debian recompressed them, so only the unpacked md5s match."""
-    prov = data.fetch(tmp_path / "deb", "auto", [], local_dir=None)
+    prov = dfetch.fetch(tmp_path / "deb", "auto", [], local_dir=None)
     assert prov["source"] == "real" and prov["origin"] == str(DEBIAN), prov
     assert set(prov["checks"].values()) == {"published unpacked md5 (recompressed .gz)"}
     assert prov["package"]["name"] == "dataset-fashion-mnist" and prov["package"]["version"]
-    y = data.read_idx(data.raw_dir(tmp_path / "deb") / "t10k-labels-idx1-ubyte")
+    y = dfetch.read_idx(dload.raw_dir(tmp_path / "deb") / "t10k-labels-idx1-ubyte")
     assert y.shape == (10_000,) and np.bincount(y).tolist() == [1000] * 10
     _recompressed(DEBIAN, tmp_path / "altered", alter="train-images-idx3-ubyte.gz")
-    with pytest.raises(data.DataError, match="train-images-idx3-ubyte.gz: md5"):
-        data.fetch(tmp_path / "x", "local", [], local_dir=tmp_path / "altered")
+    with pytest.raises(dload.DataError, match="train-images-idx3-ubyte.gz: md5"):
+        dfetch.fetch(tmp_path / "x", "local", [], local_dir=tmp_path / "altered")
 
 
 def test_synthetic_is_deterministic_and_learnable():
-    x1, y1 = data.synthetic(2000, seed=0)
-    x2, y2 = data.synthetic(2000, seed=0)
+    x1, y1 = dfetch.synthetic(2000, seed=0)
+    x2, y2 = dfetch.synthetic(2000, seed=0)
     assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
     assert set(np.unique(y1)) == set(range(10))
     # class structure: nearest class mean beats chance (10%) by far
@@ -174,20 +174,20 @@ def test_synthetic_is_deterministic_and_learnable():
 
 def test_idx_roundtrip_and_truncation(tmp_path):
     a = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
-    data.write_idx_gz(tmp_path / "a.gz", a)
-    assert np.array_equal(data.read_idx(tmp_path / "a.gz"), a)
+    dfetch.write_idx_gz(tmp_path / "a.gz", a)
+    assert np.array_equal(dfetch.read_idx(tmp_path / "a.gz"), a)
     raw = tmp_path / "a"
     import gzip
     raw.write_bytes(gzip.decompress((tmp_path / "a.gz").read_bytes())[:-3])
-    with pytest.raises(data.DataError, match="truncated"):
-        data.read_idx(raw)
+    with pytest.raises(dload.DataError, match="truncated"):
+        dfetch.read_idx(raw)
 
 
 def test_resize_matches_torchvision_transform():
     from PIL import Image
     from torchvision import transforms
-    x, _ = data.synthetic(50, seed=3)
-    cached = data.resize_split(x, 64)
+    x, _ = dfetch.synthetic(50, seed=3)
+    cached = dresize.resize_split(x, 64)
     tf = transforms.Compose([transforms.Resize(64), transforms.ToTensor()])
     for i in range(0, 50, 7):
         ref = tf(Image.fromarray(x[i], mode="L")).numpy()[0] * 255
@@ -195,13 +195,13 @@ def test_resize_matches_torchvision_transform():
 
 
 def test_cache_checksum_detects_corruption(tmp_path):
-    x, y = data.synthetic(32, seed=0)
+    x, y = dfetch.synthetic(32, seed=0)
     arrays = {"train_x": x, "train_y": y, "test_x": x[:4], "test_y": y[:4]}
-    meta = data.write_cache(arrays, {"source": "synthetic"}, tmp_path / "c.npz", tmp_path / "c.json")
-    loaded, meta2 = data.load_cache(tmp_path / "c.npz", tmp_path / "c.json")
+    meta = dresize.write_cache(arrays, {"source": "synthetic"}, tmp_path / "c.npz", tmp_path / "c.json")
+    loaded, meta2 = dload.load_cache(tmp_path / "c.npz", tmp_path / "c.json")
     assert np.array_equal(loaded["train_x"], x) and meta2["sha256"] == meta["sha256"]
     blob = bytearray((tmp_path / "c.npz").read_bytes())
     blob[len(blob) // 2] ^= 0xFF
     (tmp_path / "c.npz").write_bytes(bytes(blob))
-    with pytest.raises(data.DataError, match=r"c\.npz.*sha256.*--forcerun resize"):
-        data.load_cache(tmp_path / "c.npz", tmp_path / "c.json")
+    with pytest.raises(dload.DataError, match=r"c\.npz.*sha256.*--forcerun resize"):
+        dload.load_cache(tmp_path / "c.npz", tmp_path / "c.json")

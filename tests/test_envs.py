@@ -3,7 +3,7 @@ environment from its rule's `conda:` file alone). Pure: no conda, no Snakemake.
 
 For each rule in rules/*.smk: its env (the `conda:` directive; a measurement rule,
 one per registry experiment, takes its family's), the code it runs (the scripts its
-shell names, a measurement's worker script as dpscale.run.launch starts it, and the
+shell names, a measurement's worker script as dpscale.run.command starts it, and the
 dpscale modules those reach: dpscale.provenance.closure), and the third-party
 top-level names that code imports (an AST walk). Every one must be in the env, by
 its package name (IMPORT_TO_PACKAGE).
@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from dpscale import provenance, registry
-from dpscale.run import launch
+from dpscale.run import command
 
 ROOT = Path(__file__).resolve().parents[1]
 # import name -> the package that provides it, where they differ
@@ -32,9 +32,9 @@ IMPORT_TO_PACKAGE = {"yaml": "pyyaml", "PIL": "pillow", "pynvml": "nvidia-ml-py"
 LAZY_ELSEWHERE = {
     ("torch", "dpscale.model.models", "flax"): "the JAX model, built by JAX jobs only",
     ("torch", "dpscale.model.models", "jax"): "the JAX model, built by JAX jobs only",
-    ("torch", "dpscale.run.launch", "jax"): "jax.distributed, joined by a multi-node JAX job only",
+    ("torch", "dpscale.run.command", "jax"): "jax.distributed, joined by a multi-node JAX job only",
     ("jax", "dpscale.model.models", "torch"): "the torch model and its FLOP count (the model_flops rule)",
-    ("jax", "dpscale.analysis.timing", "torch"): "CUDA events, for a torch device only",
+    ("jax", "dpscale.measure.timing", "torch"): "CUDA events, for a torch device only",
     ("jax", "dpscale.data", "torchvision"): "the download (the download rule, torch env)",
     ("jax", "dpscale.data", "PIL"): "the resize (the resize rule, torch env)",
     ("report", "dpscale.model.models", "torch"): "the models themselves: the report reads only their docs",
@@ -94,7 +94,7 @@ def rules() -> list[tuple[str, list[Path], tuple[str, ...]]]:
             scripts = [ROOT / "scripts" / s for s in re.findall(r"\{params\.scripts\}/(\w+\.py)", shell)]
             if "{_exp.family}" in conda:   # rules/measure.smk: one rule per registry experiment
                 for exp in registry.EXPERIMENTS.values():
-                    cmd = launch.worker_command({"experiment": exp.name, "k": 1}, "r.json", "r.ranks")
+                    cmd = command.worker_command({"experiment": exp.name, "k": 1}, "r.json", "r.ranks")
                     worker = [Path(c) for c in cmd if c.endswith(".py")]
                     out.append((exp.family, scripts + worker, exp.sources))
             else:

@@ -13,7 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dpscale.model import fused_convbn as fc, fused_dbn as fd, tuned_model as tm  # noqa: E402
+from dpscale.lab import fused_dbn as fd, model_options as mo  # noqa: E402
+from dpscale.model import fused_convbn as fc, tuned_model as tm  # noqa: E402
 from dpscale.model.models import torch_resnet18  # noqa: E402
 
 WINS = {"stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop"}
@@ -62,8 +63,8 @@ def test_the_bnrelu_conv_op_and_its_gradient_are_conv_of_relu_of_bn():
 
 def _pair(convbn="cudnn_genstats", dtype=torch.float64):
     torch.manual_seed(0)
-    ref = tm.apply(torch_resnet18().to(dtype), {"cancelled_bias": "drop"})
-    return ref, tm.apply(copy.deepcopy(ref), {"convbn": convbn})
+    ref = mo.apply(torch_resnet18().to(dtype), {"cancelled_bias": "drop"})
+    return ref, mo.apply(copy.deepcopy(ref), {"convbn": convbn})
 
 
 @pytest.mark.parametrize("convbn", FUSED)
@@ -99,7 +100,7 @@ def test_mutation_statistics_over_the_wrong_axis_changes_the_output(monkeypatch,
 @pytest.mark.parametrize("convbn", FUSED)
 def test_a_conv_bias_is_refused_with_the_option_that_removes_it(convbn):
     with pytest.raises(ValueError, match="cancelled_bias=drop"):
-        tm.apply(torch_resnet18(), {"convbn": convbn})
+        mo.apply(torch_resnet18(), {"convbn": convbn})
 
 
 def test_mutation_a_relu_mask_from_the_wrong_sign_changes_the_gradients(monkeypatch):
@@ -205,7 +206,7 @@ def _train(convbn: str, fp16: bool = True, steps: int = STEPS):
     overflow, and two runs that skip different steps are not comparable step by step."""
     from torch.nn import functional as F
     torch.manual_seed(0)
-    model = tm.apply(torch_resnet18(), {**WINS, "convbn": convbn}).cuda().to(memory_format=torch.channels_last)
+    model = mo.apply(torch_resnet18(), {**WINS, "convbn": convbn}).cuda().to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, fused=True)
     scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 10, enabled=fp16)
     gen = torch.Generator().manual_seed(1)

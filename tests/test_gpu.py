@@ -122,10 +122,10 @@ def _train_tuned_variant(dev, overrides: dict, steps: int = 24, lr: float = 0.01
     from torch.nn import functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dpscale.model import tuned_model as tm
+    from dpscale.lab import model_options as mo
     from dpscale.model.models import torch_resnet18
     torch.manual_seed(0)
-    net = tm.apply(torch_resnet18(), overrides)
+    net = mo.apply(torch_resnet18(), overrides)
     net = (transform(net) if transform else net).to(dev, torch.float64).to(memory_format=torch.channels_last)
     model = DDP(net, device_ids=[dev.index])
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -213,7 +213,7 @@ def test_a_second_process_on_the_gpu_flags_shared():
     """The sampler a rank runs (this process holds a context on GPU 0, as a rank does)
     sees another process keeping the same GPU busy, and flags `shared`; alone, it does not."""
     pytest.importorskip("pynvml", reason="nvidia-ml-py is not installed: pip install nvidia-ml-py")
-    from dpscale.run import gpustate
+    from dpscale.measure import gpustate
     torch.ones(1, device="cuda:0")
     torch.cuda.synchronize()
     other = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True)

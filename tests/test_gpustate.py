@@ -1,4 +1,4 @@
-"""The GPU's state from NVML (dpscale.run.gpustate), with a fake NVML: no GPU needed."""
+"""The GPU's state from NVML (dpscale.measure.gpustate), with a fake NVML: no GPU needed."""
 from __future__ import annotations
 
 import sys
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dpscale.run import gpustate
+from dpscale.measure import gpustate
 
 # the bits of nvidia-ml-py's clock event reason constants
 REASONS = {"GpuIdle": 0x1, "ApplicationsClocksSetting": 0x2, "SwPowerCap": 0x4, "HwSlowdown": 0x8,

@@ -26,7 +26,8 @@ from conftest import (ROOT, SMALL, SNAKEMAKE, copy_primed, env_with_src, job_cou
                       run_job, smk)
 
 from dpscale.plan import config
-from dpscale.run import devices, flight, joblogs, launch, lifeline
+from dpscale.plan import specs
+from dpscale.run import devices, flight, joblogs, lifeline
 from dpscale import results
 
 WATCHDOG = str(ROOT / "scripts/watchdog.py")
@@ -216,10 +217,10 @@ def test_lock_settings_resolve_with_the_scale():
 # ---------------------------------------------------------------- hang diagnosis
 
 def test_the_process_group_timeout_fires_first():
-    assert launch.pg_timeout_s(120) == 108 and launch.pg_timeout_s(900) == 810
-    assert launch.pg_timeout_s(60) == 50 and launch.pg_timeout_s(12) == 6
+    assert specs.pg_timeout_s(120) == 108 and specs.pg_timeout_s(900) == 810
+    assert specs.pg_timeout_s(60) == 50 and specs.pg_timeout_s(12) == 6
     for limit in (20, 30, 60, 120, 600, 900, 3600):
-        assert limit - launch.pg_timeout_s(limit) >= 10
+        assert limit - specs.pg_timeout_s(limit) >= 10
 
 
 def entry(seq, name="nccl:all_reduce", state="completed", pg=("0", "default_pg")):

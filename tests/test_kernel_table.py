@@ -12,7 +12,7 @@ SEEN = {
     "sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize256x64x32_warpgroupsize1x1x1_g1_execute_": "conv_fprop",
     "sm90_xmma_dgrad_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize256x128x64_warpgroupsize2x1x1_g1_execute": "conv_dgrad",
     "sm90_xmma_wgrad_indexed_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize64x64x64_warpgroupsize1x1x1_g1_e": "conv_wgrad",
-    # the runtime-fusion engine's dgrad + ReLU backward + sums (dpscale.model.fused_dbn)
+    # the runtime-fusion engine's dgrad + ReLU backward + sums (dpscale.lab.fused_dbn)
     "cudnn_generated_fort_native_sm90_convBwdData_pointwise_pointwise_pointwise_pointwise_reduction_reduction_knob_2_128x128x64_5_0": "conv_dgrad",
     "memcpy32_post": "copy_fill",
     "void cask_plugin__5x_cudnn::xmma__5x_cudnn::init_device_workspace_kernel<xmma__5x_cudnn::implicit_gemm::wgrad_": "conv_wgrad",

@@ -139,11 +139,8 @@ def test_jax_two_processes_match_one_process(tmp_path):
 
 
 def test_launch_rewrites_torchrun_for_several_nodes():
-    """dpscale.run.launch (the watchdog's multi-node rewrite), where the repo has it."""
-    if str(REPO / "src") not in sys.path:
-        sys.path.insert(0, str(REPO / "src"))
-    launch = pytest.importorskip(
-        "dpscale.run.launch", reason="dpscale.run.launch is not in this repo yet (docs/cluster.md's multi-node launch)")
+    """dpscale.run.command: the watchdog's multi-node rewrite."""
+    from dpscale.run import command
     from dpscale.plan import cluster as dscluster
     cluster = {"nodes": 2, "gpus_per_node": 8}
     assert [dscluster.nodes_for(k, cluster) for k in (1, 8, 16, 32)] == [1, 1, 2, 1]   # 32: skipped
@@ -151,7 +148,7 @@ def test_launch_rewrites_torchrun_for_several_nodes():
     assert dscluster.layout(16, cluster) == {"nodes": 2, "gpus_per_node": 8}
     cmd = ["torchrun", "--standalone", "--nproc-per-node=16", "--log-dir", "L", "--redirects", "3",
            "w.py", "--spec", "{}"]
-    new, env = launch.multinode_command(cmd, {"nodes": 2, "gpus_per_node": 8},
+    new, env = command.multinode_command(cmd, {"nodes": 2, "gpus_per_node": 8},
                                         env={"SLURM_JOB_ID": "4242"}, host="gpu017")
     assert env == {}
     assert new[:new.index("torchrun")] == ["srun", "--whole", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
@@ -159,12 +156,12 @@ def test_launch_rewrites_torchrun_for_several_nodes():
     tr = new[new.index("torchrun") + 1:]
     assert "--standalone" not in tr and "--nproc-per-node=16" not in tr
     assert tr[:5] == ["--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d",
-                      f"--rdzv-endpoint=gpu017:{launch.rdzv_port('4242')}", "--rdzv-id=4242"]
+                      f"--rdzv-endpoint=gpu017:{command.rdzv_port('4242')}", "--rdzv-id=4242"]
     assert tr[5:] == ["--log-dir", "L", "--redirects", "3", "w.py", "--spec", "{}"]
-    jax_cmd, jax_env = launch.multinode_command(["python", "jax_worker.py"], {"nodes": 2, "gpus_per_node": 8},
+    jax_cmd, jax_env = command.multinode_command(["python", "jax_worker.py"], {"nodes": 2, "gpus_per_node": 8},
                                                 env={"SLURM_JOB_ID": "7"}, host="gpu017")
     assert jax_cmd[-2:] == ["python", "jax_worker.py"] and jax_cmd[0] == "srun"
-    assert jax_env["DPSCALE_COORDINATOR"] == f"gpu017:{launch.rdzv_port('7')}"
+    assert jax_env["DPSCALE_COORDINATOR"] == f"gpu017:{command.rdzv_port('7')}"
     assert jax_env["DPSCALE_NUM_PROCESSES"] == "2" and jax_env["DPSCALE_LOCAL_DEVICES"] == "8"
     with pytest.raises(RuntimeError, match="SLURM"):
-        launch.multinode_command(cmd, {"nodes": 2, "gpus_per_node": 8}, env={})
+        command.multinode_command(cmd, {"nodes": 2, "gpus_per_node": 8}, env={})

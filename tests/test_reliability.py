@@ -16,7 +16,8 @@ import pytest
 from conftest import (ROOT, SMALL, SNAKEMAKE, TORCHRUN_EXPERIMENTS, copy_primed, copy_repo, local_env, make_spec,
                       run_job, smk)
 
-from dpscale import data, results
+from dpscale import results
+from dpscale.data import load as dload, resize as dresize
 
 # ---------------------------------------------------------------- 1. bad configs
 
@@ -127,10 +128,10 @@ def test_truncated_raw_file_is_named(tiny_data, tmp_path):
     import shutil
     root = tmp_path / "d"
     shutil.copytree(tiny_data, root)
-    victim = data.raw_dir(root) / "train-labels-idx1-ubyte"
+    victim = dload.raw_dir(root) / "train-labels-idx1-ubyte"
     victim.write_bytes(victim.read_bytes()[:-100])
-    with pytest.raises(data.DataError, match=r"train-labels-idx1-ubyte.*truncated or altered.*--forcerun download"):
-        data.build_cache(root, 16, tmp_path / "c.npz", tmp_path / "c.json")
+    with pytest.raises(dload.DataError, match=r"train-labels-idx1-ubyte.*truncated or altered.*--forcerun download"):
+        dresize.build_cache(root, 16, tmp_path / "c.npz", tmp_path / "c.json")
     assert not (tmp_path / "c.npz").exists()
 
 

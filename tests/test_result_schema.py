@@ -70,7 +70,7 @@ def test_what_an_interval_covers_is_text_the_schema_allows():
     """Found by a smoke run, not a unit test: timing.spread_fields and launches.merge write
     <name>_ci95_covers beside each interval; the schema refused it and failed every
     throughput job. The writers' own output must pass."""
-    from dpscale.analysis import timing
+    from dpscale.measure import timing
     from dpscale.run import launches
     spread = timing.spread_fields("samples_per_s", [100.0, 101.0, 99.0])
     assert any(k.endswith("_covers") for k in spread)

@@ -27,7 +27,7 @@ def graph() -> dict[str, frozenset[str]]:
 
 # The package's floors, lowest first: a module imports only from its own floor or
 # those below. Root modules are the ground floor, but for the command line on top.
-LAYERS = ("ground", "model", "analysis", "plan", "run", "measure", "report", "lab", "cli")
+LAYERS = ("ground", "data", "model", "analysis", "plan", "measure", "run", "report", "lab", "cli")
 
 
 def layer(module: str) -> str:

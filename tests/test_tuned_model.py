@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from dpscale.lab import model_options as mo
 from dpscale.model import tuned_model as tm
 from dpscale.model.models import STAGES, count_torch, torch_resnet18
 
@@ -24,7 +25,7 @@ def pair(opts, dtype=torch.float64, channels_last=False):
     base = torch_resnet18().to(dtype)
     if channels_last:
         base = base.to(memory_format=torch.channels_last)
-    return base, tm.apply(copy.deepcopy(base), opts)
+    return base, mo.apply(copy.deepcopy(base), opts)
 
 
 def batches(n=3, dtype=torch.float64, side=16, channels_last=False):

@@ -12,7 +12,8 @@ import pytest
 from conftest import CPU_FP, ROOT
 
 from dpscale.plan import config as dsconfig, fingerprint, specs
-from dpscale.analysis import costmodel, timing
+from dpscale.analysis import costmodel
+from dpscale.measure import timing
 from dpscale import results
 
 

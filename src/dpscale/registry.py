@@ -67,7 +67,7 @@ TORCH_TUNED = Variant(
                               "stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop"}))
 # fp16, because on sm_90 cuDNN fuses BatchNorm's statistics into the convolution in fp16
 # only (dpscale.model.fused_convbn); everything else as the tuned series. Off: bn1's
-# backward sums in conv2's dgrad as well (convbn=cudnn_genstats_dbn, dpscale.model.fused_dbn):
+# backward sums in conv2's dgrad as well (convbn=cudnn_genstats_dbn, dpscale.lab.fused_dbn):
 # 23,645 samples/s against 24,585 in the pipeline (one H200, 3 launches each, 2026-12-02);
 # cuDNN's fused dgrad kernels cost more than the reductions they replace.
 TORCH_TUNED_FP16 = Variant(

@@ -146,7 +146,7 @@ def write_result(spec: dict, path: str | os.PathLike, metrics: dict, started_utc
                  runtime: dict, gpu_state: dict | None = None) -> dict:
     """A measurement's result, from its job spec: status from metrics['_status']
     (a check beside a timing may fail it), data provenance from the cache's sidecar,
-    and on a GPU the devices' state (dpscale.run.gpustate; no key on a CPU)."""
+    and on a GPU the devices' state (dpscale.measure.gpustate; no key on a CPU)."""
     status, reason = metrics.pop("_status", ("ok", None))
     meta_path = spec.get("inputs", {}).get("cache_meta")
     data = (data_provenance(json.loads(Path(meta_path).read_text()))

@@ -6,6 +6,7 @@ Not part of the pipeline (no experiment runs it); torch is imported here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import statistics
@@ -14,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from dpscale.lab import kernel_table, layer_profile
+from dpscale.lab import kernel_table, layer_profile, model_options
 from dpscale import registry
 from dpscale.analysis import roofline
 from dpscale.measure import torch_ddp as tr
@@ -119,9 +120,9 @@ def _time_variant(ctx: tr.Ctx, overrides: dict, batches: list, steps: int, reps:
     ctx.spec["config"]["tuned"] = tuned_opts(overrides, smoke)
     side = tr.graph_side_stream(ctx, True)
     t0 = time.perf_counter()
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), \
-            _without_batchnorm(overrides.get("no_batchnorm", False)):
-        model = tr.build_ddp(ctx, tuned=True)
+    apply = functools.partial(model_options.apply, no_batchnorm=overrides.get("no_batchnorm", False))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        model = tr.build_ddp(ctx, tuned=True, model_apply=apply)
     opt = torch.optim.SGD(model.parameters(), lr=lr, **({"fused": True} if ctx.cuda else {}))
     step = tr.train_step(ctx, model, opt, True)   # train_epochs' step
     graphed = tr.GraphedStep(step, opt, side) if side is not None else None
@@ -154,28 +155,6 @@ def _time_variant(ctx: tr.Ctx, overrides: dict, batches: list, steps: int, reps:
             "cuda_graph_error": graphed.error if graphed else None}
 
 
-@contextlib.contextmanager
-def _without_batchnorm(on: bool):
-    """While on: tuned_model.apply also replaces every BatchNorm2d by an Identity."""
-    if not on:
-        yield
-        return
-    real = tuned_model.apply
-
-    def apply(model, opts):
-        model = real(model, opts)
-        for parent in list(model.modules()):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, torch.nn.BatchNorm2d):
-                    setattr(parent, name, torch.nn.Identity())
-        return model
-    tuned_model.apply = apply
-    try:
-        yield
-    finally:
-        tuned_model.apply = real
-
-
 def loss_check(base: list[float], other: list[float]) -> dict:
     """The variant trains like the base: the loss difference at each of the first steps
     (same weights, same batches) as a fraction of the base's first loss (a fraction of
@@ -199,7 +178,7 @@ def _eager_layer_profile(ctx: tr.Ctx, overrides: dict, batch: list, steps: int, 
     from torch.autograd.profiler import record_function
     ctx.spec["config"]["tuned"] = tuned_opts(overrides, smoke=not ctx.cuda)   # autocast reads its precision
     torch.manual_seed(0)
-    model = tuned_model.apply(torch_resnet18(), overrides).to(ctx.device).to(memory_format=torch.channels_last)
+    model = model_options.apply(torch_resnet18(), overrides).to(ctx.device).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, **({"fused": True} if ctx.cuda else {}))
     X, y = batch
 

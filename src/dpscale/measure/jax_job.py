@@ -23,10 +23,11 @@ import optax
 from flax import nnx
 
 from dpscale.analysis import costmodel
-from dpscale import data as dsdata, registry
+from dpscale import registry
+from dpscale.data import load as dsdata
 from dpscale.model.models import flax_resnet18
 from dpscale.results import utc_now, write_result
-from dpscale.run import gpustate
+from dpscale.measure import gpustate
 
 P = jax.sharding.PartitionSpec
 NamedSharding = jax.sharding.NamedSharding

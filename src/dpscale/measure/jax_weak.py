@@ -16,7 +16,7 @@ from dpscale.analysis import roofline
 from dpscale.measure.jax_job import (Ctx, NamedSharding, P, block, build, load_train, make_mesh, measure_copy_bandwidth,
                       measure_matmul_peak, mfu_metrics, peak_mem_MiB, resident_step, shard_batch, step_body,
                       to_images, train_step)
-from dpscale.analysis.timing import spread_fields, summary
+from dpscale.measure.timing import spread_fields, summary
 
 
 def pure_resident_step(graphdef, treedef):

@@ -13,7 +13,7 @@ from torch import nn
 
 from dpscale.analysis import costmodel, stats
 from dpscale.results import load_result
-from dpscale.analysis.timing import summary, sync
+from dpscale.measure.timing import summary, sync
 from dpscale.measure.torch_ddp import bucket_sizes, build_ddp
 from dpscale.measure.torch_job import Ctx, per_rank_merge, synthetic_batch
 

@@ -17,7 +17,7 @@ from dpscale import registry
 from dpscale.analysis import costmodel, roofline, stats
 from dpscale.model import tuned_model
 from dpscale.model.models import torch_flops_per_sample, torch_resnet18
-from dpscale.analysis.timing import StepTimer, spread_fields, summary, sync
+from dpscale.measure.timing import StepTimer, spread_fields, summary, sync
 from dpscale.measure.torch_job import (Ctx, cached_batches, load_cached, per_rank_merge, sample_gpu, seed_loader,
                                       synthetic_batch, timed_steps)
 
@@ -28,12 +28,14 @@ def tuned_options(ctx: Ctx, tuned: bool) -> dict:
     return ctx.spec.get("config", {}).get("tuned", {}) if tuned else {}
 
 
-def build_ddp(ctx: Ctx, tuned: bool = False, **ddp_kwargs):
+def build_ddp(ctx: Ctx, tuned: bool = False, model_apply=tuned_model.apply, **ddp_kwargs):
+    """The DDP model of a series; model_apply turns the tuned options into the model's
+    transformations (a lab probe passes its own: dpscale.lab.model_options.apply)."""
     torch.manual_seed(0)
     model = torch_resnet18().to(ctx.device)
     opts = tuned_options(ctx, tuned)
     if tuned:
-        model = tuned_model.apply(model, opts)   # the cheap wins the options switch on (default: none)
+        model = model_apply(model, opts)   # the cheap wins the options switch on (default: none)
         model = model.to(memory_format=torch.channels_last)
         ddp_kwargs = {**{flag: True for flag in opts.get("ddp", [])}, **ddp_kwargs}
     if mode := opts.get("compile"):   # True (inductor's default mode) or a torch.compile mode name

@@ -8,7 +8,7 @@ from torch import nn
 
 from dpscale.analysis import costmodel
 from dpscale.model.models import residual_stages, torch_resnet18
-from dpscale.analysis.timing import summary, sync
+from dpscale.measure.timing import summary, sync
 from dpscale.measure.torch_ddp import build_ddp, step_ms_ci95
 from dpscale.measure.torch_job import Ctx, per_rank_merge, synthetic_batch, timed_steps
 

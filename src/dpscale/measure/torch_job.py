@@ -13,10 +13,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from dpscale import data as dsdata, registry
-from dpscale.run import gpustate, launch
+from dpscale import registry
+from dpscale.data import load as dsdata
+from dpscale.measure import gpustate
 from dpscale.results import utc_now, write_result
-from dpscale.analysis.timing import StepTimer, sync
+from dpscale.measure.timing import StepTimer, sync
 
 
 # ---------------------------------------------------------------- context
@@ -173,7 +174,7 @@ def run(spec: dict, result_path: str) -> None:
     torch.set_float32_matmul_precision("high")
     torch.backends.cudnn.benchmark = True
     # before the watchdog's outer kill, so the rank that waits reports the hang
-    timeout = _dt.timedelta(seconds=launch.pg_timeout_s(float(spec["limit_s"])))
+    timeout = _dt.timedelta(seconds=float(spec["pg_timeout_s"]))
     kwargs = {"device_id": ctx.device} if ctx.cuda else {}
     dist.init_process_group(spec["backend"], timeout=timeout, **kwargs)
     try:

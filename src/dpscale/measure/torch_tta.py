@@ -20,9 +20,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dpscale import data as dsdata
+from dpscale.data import load as dsdata
 from dpscale.analysis import tta
-from dpscale.analysis.timing import sync
+from dpscale.measure.timing import sync
 from dpscale.measure.torch_job import Ctx
 from dpscale.model.models import torch_resnet18
 

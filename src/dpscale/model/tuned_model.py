@@ -2,7 +2,7 @@
 leave the function it computes unchanged (tests/test_tuned_model.py shows it).
 
 Each is a tuned option, switchable alone (registry.TORCH_TUNED; off by default):
-  stem            "conv" | "im2col" | "direct"
+  stem            "conv" | "im2col"
       The 1 -> 64, 3x3 stem runs at 5-8 TFLOP/s in cuDNN (0.6 ms a step for 0.07% of the
       FLOPs): a 1-channel input gives cuDNN's implicit GEMM a reduction of only 9. Its
       bound is the output's write, 31 us at batch 256.
@@ -11,10 +11,7 @@ Each is a tuned option, switchable alone (registry.TORCH_TUNED; off by default):
       GEMMs want 16-byte rows; 9 x 2 bytes is not). One GEMM [N*H*W, 16] @ [16, 64] then
       writes its rows in NHWC order, which is the channels_last layout of the output: no
       transpose. The patches cost 1/4 of the output's bytes, written and read once.
-      direct: the same sum, written as 9 broadcast multiply-adds over the taps, for the
-      compiler to fuse into one kernel that reads the image and writes the output (no
-      patches at all); its weight gradient is 9 x 64 sums over the output gradient.
-      Which is faster must be measured (tools/gpu/probe_roofline.py times both).
+      (The stem as 9 fused multiply-adds measured slower: dpscale.lab.model_options.)
   projection      "conv" | "slice_matmul"
       The 1x1 stride-2 shortcut convolutions run at 60-180 TFLOP/s. As x[:, :, ::2, ::2]
       followed by a matmul over the channels they are, in channels_last, a plain GEMM
@@ -24,13 +21,13 @@ Each is a tuned option, switchable alone (registry.TORCH_TUNED; off by default):
       the conv's bias cancels (its gradient is zero) and only costs a pass. Dropped, and
       folded into the BN's running_mean so that eval mode is unchanged too. Not the 1x1
       shortcut's: its output is added without BN.
-  convbn          "none" | "cudnn_genstats" | "cudnn_genstats_dbn"
+  convbn          "none" | "cudnn_genstats"
       Each residual block's conv -> BN pairs as one cuDNN graph that writes the BN
       statistics from the convolution's epilogue (dpscale.model.fused_convbn): fp16
       only, so the tuned_fp16 series that switches it on also computes in fp16. Needs
       cancelled_bias=drop (a conv bias would have to be added after the statistics).
       cudnn_genstats_dbn: also bn1's backward reductions (and ReLU's backward) in
-      conv2's dgrad epilogue, one more cuDNN graph (dpscale.model.fused_dbn).
+      conv2's dgrad epilogue, one more cuDNN graph (dpscale.lab.fused_dbn).
 The parameters keep their names (a replacing module owns the same Parameter objects).
 """
 from __future__ import annotations
@@ -39,11 +36,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dpscale.model import fused_convbn, fused_dbn
+from dpscale.model import fused_convbn
 
-CHOICES = {"stem": ("conv", "im2col", "direct"), "projection": ("conv", "slice_matmul"),
-           "cancelled_bias": ("keep", "drop"),
-           "convbn": ("none", "cudnn_genstats", "cudnn_genstats_dbn")}
+CHOICES = {"stem": ("conv", "im2col"), "projection": ("conv", "slice_matmul"),
+           "cancelled_bias": ("keep", "drop"), "convbn": ("none", "cudnn_genstats")}
 DEFAULTS = {key: values[0] for key, values in CHOICES.items()}
 TAPS_PADDED = 16
 
@@ -65,15 +61,13 @@ def apply(model: nn.Module, opts: dict) -> nn.Module:
         for conv, bn in cancelled_bias_pairs(model):
             drop_bias(conv, bn)
     if c["stem"] != "conv":
-        model[0] = (Im2colStem if c["stem"] == "im2col" else DirectStem)(model[0])
+        model[0] = Im2colStem(model[0])
     if c["projection"] == "slice_matmul":
         for block in residual_blocks(model):
             if block.conv3 is not None:
                 block.conv3 = SliceMatmulProjection(block.conv3)
     if c["convbn"] == "cudnn_genstats":
         fused_convbn.fuse(residual_blocks(model))
-    elif c["convbn"] == "cudnn_genstats_dbn":
-        fused_dbn.fuse(model, residual_blocks(model))
     return model
 
 
@@ -121,13 +115,6 @@ def drop_bias(conv: nn.Conv2d, bn: nn.BatchNorm2d | None) -> None:
 
 # ---------------------------------------------------------------- stem
 
-def _autocast_dtype(x: torch.Tensor) -> torch.dtype:
-    """What a conv would compute in here: autocast's dtype when it is on (pointwise ops
-    are not autocast, so the direct stem casts itself), else the input's dtype."""
-    kind = x.device.type
-    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
-
-
 def _as_matrix(weight: torch.Tensor) -> torch.Tensor:
     """A conv weight [O, I, kh, kw] as the [O, kh*kw*I] matrix of an NHWC GEMM, through
     the channels_last order (O, kh, kw, I). Trap: a plain reshape gives the same values
@@ -161,23 +148,6 @@ class Im2colStem(nn.Module):
         patches = F.pad(torch.stack(shifted_taps(x), dim=-1), (0, TAPS_PADDED - 9))
         w = F.pad(_as_matrix(self.weight), (0, TAPS_PADDED - 9))
         return F.linear(patches, w, self.bias).permute(0, 3, 1, 2)   # NHWC rows -> NCHW view
-
-
-class DirectStem(nn.Module):
-    """The stem conv as 9 broadcast multiply-adds, for the compiler to fuse into one kernel."""
-
-    def __init__(self, conv: nn.Conv2d):
-        super().__init__()
-        _check_stem(conv)
-        self.weight, self.bias = conv.weight, conv.bias
-
-    def forward(self, x):
-        dtype = _autocast_dtype(x)
-        w = _as_matrix(self.weight).to(x.dtype)
-        y = self.bias.to(x.dtype) if self.bias is not None else 0
-        for k, tap in enumerate(shifted_taps(x)):
-            y = y + tap[..., None] * w[:, k]   # [N, H, W, 1] * [C]: NHWC
-        return y.to(dtype).permute(0, 3, 1, 2)
 
 
 # ---------------------------------------------------------------- projection

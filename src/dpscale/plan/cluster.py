@@ -1,6 +1,6 @@
 """How many nodes and devices a k-device job spans: the `cluster` config with its
 defaults from the fingerprint. Planning needs it (which k fit, what to ask SLURM for),
-and so does launching (dpscale.run.launch), so it lives here, below both.
+and so does launching (dpscale.run.command), so it lives here, below both.
 """
 from __future__ import annotations
 

@@ -14,10 +14,25 @@ from dpscale.plan import cluster as dscluster, fingerprint as fpmod
 from dpscale import registry
 
 RUNS = "results/runs"
+PG_MARGIN_S = 10
 
 
 def target(experiment: str, variant: str, k: int, root: str = RUNS) -> str:
     return f"{root}/{experiment}/{variant}/k{k}.json"
+
+
+def pg_timeout_s(limit_s: float) -> float:
+    """The process-group timeout of a job the watchdog kills at `limit_s`.
+
+    It must fire first, by PG_MARGIN_S or 10 % of the limit, whichever is more: then
+    a collective that never returns ends in the rank that waits for it, with its
+    traceback (and on NCCL the flight recorder's dump), not in a SIGKILL that leaves
+    no trace. E.g. limit 120 s -> 108 s, 900 s -> 810 s. A limit under 20 s cannot
+    keep 10 s and still leave the job time to start: half the limit, then.
+    The watchdog's clock starts with the job, a collective's with the collective:
+    only a hang within the first (limit - timeout) seconds is caught by the timeout;
+    the watchdog asks NCCL ranks for a dump before it kills a later one."""
+    return max(limit_s - max(PG_MARGIN_S, 0.1 * limit_s), limit_s / 2)
 
 
 def planned(resolved: dict) -> list[tuple[str, str, int]]:
@@ -80,7 +95,7 @@ def job_spec(resolved: dict, fp: dict, experiment: str, variant: str, k: int, in
         "config": {"scale": resolved["scale"], "protocol": proto},
         "fingerprint": fpmod.subset(fp, exp.family, k),
         "env": dict(var.env),
-        "limit_s": limit, "grace_s": resolved["watchdog"]["grace_s"],
+        "limit_s": limit, "pg_timeout_s": pg_timeout_s(float(limit)), "grace_s": resolved["watchdog"]["grace_s"],
         "inputs": inputs, "skip_reason": skip_reason(experiment, variant, k, fp, resolved.get("cluster")),
     }
     if procs := emulated_processes(experiment, k, fp, resolved.get("cluster")):
@@ -89,7 +104,7 @@ def job_spec(resolved: dict, fp: dict, experiment: str, variant: str, k: int, in
     if multi and not spec["skip_reason"] and not procs:
         spec["launch"] = multi   # only multi-node specs carry it: one-node specs stay as they were
     if (fp.get("gpu_count") or 0) > 0 and "gpu_state" in resolved:   # CPU specs stay as they were
-        spec["gpu_state"] = dict(resolved["gpu_state"])   # dpscale.run.gpustate.policy_failure reads it
+        spec["gpu_state"] = dict(resolved["gpu_state"])   # dpscale.measure.gpustate.policy_failure reads it
     if var.options is not None:
         spec["config"]["tuned"] = json.loads(json.dumps(dict(var.options)))
     for need in var.requires:   # what it needs is part of what it measured (only these specs carry it)

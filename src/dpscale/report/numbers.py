@@ -107,7 +107,7 @@ def ratio(num: dict | None, den: dict | None, name: str = "samples_per_s", scale
     return stats.ratio_ci(a, b, paired=paired, scale=scale, covers=both)
 def gpu_flags(r: dict | None) -> list[str]:
     """What the GPU's state flagged during the timing ("shared", "throttled: <reason>";
-    dpscale.run.gpustate); [] on a CPU, without NVML, or when nothing was flagged."""
+    dpscale.measure.gpustate); [] on a CPU, without NVML, or when nothing was flagged."""
     return list(((r or {}).get("gpu_state") or {}).get("flags") or []) if ok(r) else []
 
 

@@ -27,7 +27,7 @@ import copy
 import statistics
 
 from dpscale.analysis import stats
-from dpscale.run import gpustate
+from dpscale.measure import gpustate
 
 KEY = "launches"   # the protocol key
 METRIC = "samples_per_s"

@@ -8,7 +8,7 @@ off its GPUs. So this wrapper:
 - takes a file lock per device the job uses (dpscale.run.devices), waiting up to
   locks.wait_s for a holder to finish, and records `failed: devices busy` if it
   does not;
-- starts the worker (dpscale.run.launch.worker_command) in its own process group, tied
+- starts the worker (dpscale.run.command.worker_command) in its own process group, tied
   to this process by PR_SET_PDEATHSIG, with the lock descriptors passed on;
 - polls: if the job's shell or Snakemake dies (dpscale.run.lifeline.Ancestry), it kills
   the group at once and exits, recording nothing (the next run redoes the job, which
@@ -32,7 +32,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpscale.run import devices, flight, gpustate, joblogs, launch, launches, lifeline
+from dpscale.measure import gpustate
+from dpscale.plan import specs
+from dpscale.run import command, devices, flight, joblogs, launches, lifeline
 from dpscale import provenance, registry
 from dpscale.results import make_result, record_failure, utc_now, write_json_atomic
 
@@ -204,7 +206,7 @@ def record_outcome(job: Job, out: Outcome, produced: Path, label: str = "") -> d
     evidence = {**job.evidence(log_text, logs), **fr, "stray_processes": out.stray}
     if out.killed == "limit" or (out.rc != 0 and (joblogs.timed_out(texts) or fr.get("hung_collective"))):
         produced.unlink(missing_ok=True)
-        pg = launch.pg_timeout_s(limit)
+        pg = specs.pg_timeout_s(limit)
         how = (f"killed by the outer watchdog after {out.elapsed:.1f} s (limit {limit:g} s; no rank's "
                f"process-group timeout of {pg:g} s fired before it)" if out.killed
                else f"a rank's process-group timeout fired after {out.elapsed:.1f} s "
@@ -281,7 +283,7 @@ def prepare(job: Job, cmd: list[str]) -> tuple[list[str], dict]:
     spec = job.spec
     launch_env = {}
     if spec.get("launch"):
-        cmd, launch_env = launch.multinode_command(cmd, spec["launch"])   # RuntimeError outside SLURM
+        cmd, launch_env = command.multinode_command(cmd, spec["launch"])   # RuntimeError outside SLURM
     env = {**os.environ, **spec.get("env", {}), **launch_env, "PYTHONUNBUFFERED": "1"}
     if job.rank_dir.exists():
         shutil.rmtree(job.rank_dir)
@@ -312,7 +314,7 @@ def run(job: Job, args, cmd: list[str]) -> int:
     n, done = launches.count(spec), []
     try:
         with held:
-            print(f"[watchdog] limit {limit:g} s per launch (process-group timeout {launch.pg_timeout_s(limit):g} s), "
+            print(f"[watchdog] limit {limit:g} s per launch (process-group timeout {specs.pg_timeout_s(limit):g} s), "
                   f"{n} launch(es), devices {', '.join(held.names)}, env {spec.get('env', {})}\n"
                   f"[watchdog] watching {ancestry.describe()}\n[watchdog] $ {' '.join(cmd)}", flush=True)
             for i in range(1, n + 1):
@@ -342,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     spec = json.loads(args.spec)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    cmd = cmd or launch.worker_command(spec, args.result, args.rank_logs, sys.executable)
+    cmd = cmd or command.worker_command(spec, args.result, args.rank_logs, sys.executable)
     job = Job.of(spec, args.result, args.rank_logs)
     job.result.unlink(missing_ok=True)  # never serve an old number
     if spec.get("skip_reason"):

@@ -1,19 +1,12 @@
-"""Fashion-MNIST: download (or a local copy, or a labelled synthetic stand-in)
-and the resize cache that both the PyTorch and the JAX runs read.
-
-Layout under the data folder (torchvision's own, so `datasets.FashionMNIST(root)`
-reads it unchanged for the book's DataLoader path):
-
-    FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]
-    source.json                      provenance: real | local | synthetic, checksums
-    fmnist_{size}.npz / .json        resize cache + its sha256 and provenance
+"""The data stage's first half: the four Fashion-MNIST files from a local copy,
+Debian's package, the dataset's mirrors, or (said loudly, recorded) a synthetic
+stand-in of the same shape, each checked against its published checksum.
 """
 from __future__ import annotations
 
 import gzip
 import hashlib
 import io
-import json
 import logging
 import os
 import socket
@@ -22,9 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from dpscale.data.load import SPLITS, DataError, raw_dir, sha256
 from dpscale.results import utc_now, write_atomic, write_json_atomic
 
 log = logging.getLogger("dpscale.data")
+CLASSES = 10
 # numpy is imported inside the functions that need it: the workflow imports this module
 # when it is parsed (the download rule's params), and parsing stays light.
 
@@ -48,25 +43,6 @@ UNPACKED_MD5 = {
 # Folders where a system package puts the four files (Debian/Ubuntu: apt-get install
 # dataset-fashion-mnist). data.source auto looks here, and in data.local_dir, first.
 SYSTEM_DIRS = ("/usr/share/datasets/fashion-mnist",)
-SPLITS = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", 60_000),
-          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", 10_000)}
-CLASSES = 10
-
-
-class DataError(RuntimeError):
-    """A dataset problem the user can act on; the message says how."""
-
-
-def raw_dir(root: str | os.PathLike) -> Path:
-    return Path(root) / "FashionMNIST" / "raw"
-
-
-def sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def md5(path: str | os.PathLike) -> str:
@@ -76,8 +52,6 @@ def md5(path: str | os.PathLike) -> str:
             h.update(block)
     return h.hexdigest()
 
-
-# ---------------------------------------------------------------- download
 
 def download(root, mirrors: list[str], retries: int = 3, timeout_s: float = 30.0,
              backoff_s: float = 1.0, resources=RESOURCES) -> list[str]:
@@ -215,8 +189,6 @@ def _from_folders(root, folders: list[str], resources, unpacked) -> dict | None:
     return {"rejected": rejected} if rejected else None
 
 
-# ---------------------------------------------------------------- IDX format
-
 def write_idx_gz(path, array: np.ndarray) -> None:
     """IDX (the MNIST format): magic 0x0000_08_<ndim>, big-endian dims, uint8 data.
     gzip with mtime=0 so the same array always gives the same bytes (checksums)."""
@@ -255,8 +227,6 @@ def unpack(root) -> None:
         with gzip.open(gz, "rb") as f:
             write_atomic(gz.with_suffix(""), f.read())
 
-
-# ---------------------------------------------------------------- stand-in
 
 def synthetic(n: int, seed: int, size: int = 28) -> tuple[np.ndarray, np.ndarray]:
     """A deterministic labelled stand-in with class structure a network can learn:
@@ -299,8 +269,6 @@ def write_synthetic(root) -> None:
         write_idx_gz(dest / f"{lbl_name}.gz", y)
 
 
-# ---------------------------------------------------------------- the rule
-
 def fetch(root, source: str, mirrors: list[str], local_dir=None, retries: int = 3,
           timeout_s: float = 30.0, backoff_s: float = 1.0, resources=RESOURCES,
           unpacked=UNPACKED_MD5, system_dirs=SYSTEM_DIRS) -> dict:
@@ -316,7 +284,7 @@ def fetch(root, source: str, mirrors: list[str], local_dir=None, retries: int = 
         prov.update(source="real", origin=str(local_dir), checks=checks, package=system_package(local_dir))
     elif source == "synthetic":
         write_synthetic(root)
-        prov.update(source="synthetic", origin="dpscale.data.synthetic (seeds 0, 1)")
+        prov.update(source="synthetic", origin="dpscale.data.fetch.synthetic (seeds 0, 1)")
     elif source in ("download", "auto"):
         found = _from_folders(root, local_candidates(local_dir, system_dirs, resources), resources, unpacked) \
             if source == "auto" else None
@@ -349,81 +317,3 @@ def _download_or_standin(root, source, mirrors, retries, timeout_s, backoff_s, r
         write_synthetic(root)
         return {"source": "synthetic", "origin": "fallback: no local copy, no mirror answered",
                 "fallback_reason": str(e)}
-
-
-# ---------------------------------------------------------------- resize cache
-
-def resize_split(images: np.ndarray, size: int) -> np.ndarray:
-    """The seed's transform, applied once: torchvision Resize on PIL images
-    (bilinear, antialiased), kept as uint8. ToTensor's /255 is done by the reader,
-    so cached batches equal the seed DataLoader's bit for bit."""
-    import numpy as np
-    from PIL import Image
-    from torchvision import transforms
-    tf = transforms.Resize(size)
-    if images.shape[1] == size:
-        return images.copy()
-    out = np.empty((len(images), size, size), np.uint8)
-    for i, img in enumerate(images):
-        out[i] = np.asarray(tf(Image.fromarray(img, mode="L")))
-    return out
-
-
-def verify_raw(root) -> dict:
-    """Check the unpacked files against the checksums recorded when they were
-    fetched; a truncated or altered file is named, with how to rebuild it."""
-    root = Path(root)
-    prov = json.loads((root / "source.json").read_text())
-    for name, rec in prov["files"].items():
-        path = (raw_dir(root) / name).with_suffix("")
-        if not path.is_file():
-            raise DataError(f"{path} is missing; rebuild with `snakemake --forcerun download`")
-        if (got := sha256(path)) != rec["unpacked_sha256"]:
-            raise DataError(f"{path}: sha256 {got[:12]}... differs from {rec['unpacked_sha256'][:12]}... "
-                            f"recorded in {root / 'source.json'}: the file is truncated or altered. "
-                            "Rebuild with `snakemake --forcerun download`.")
-    return prov
-
-
-def build_cache(root, size: int, out_npz, out_json) -> dict:
-    import numpy as np
-    root = Path(root)
-    prov = verify_raw(root)
-    arrays = {}
-    for split, (img_name, lbl_name, _) in SPLITS.items():
-        x = read_idx(raw_dir(root) / img_name)
-        arrays[f"{split}_x"] = resize_split(x, size)
-        arrays[f"{split}_y"] = read_idx(raw_dir(root) / lbl_name).astype(np.int64)
-    return write_cache(arrays, prov, out_npz, out_json)
-
-
-def write_cache(arrays: dict, prov: dict, out_npz, out_json) -> dict:
-    """The .npz atomically, then its sha256 and provenance beside it."""
-    import numpy as np
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    write_atomic(out_npz, buf.getvalue())
-    meta = {"sha256": sha256(out_npz), "image_size": int(arrays["train_x"].shape[-1]),
-            "bytes": Path(out_npz).stat().st_size,
-            "n_train": len(arrays["train_y"]), "n_test": len(arrays["test_y"]),
-            "source": prov["source"], "origin": prov.get("origin"), "created_utc": utc_now()}
-    write_json_atomic(out_json, meta)
-    return meta
-
-
-def load_cache(npz, meta_json, verify: bool = True) -> tuple[dict, dict]:
-    """Read the resize cache, checking it against the checksum recorded beside it."""
-    import numpy as np
-    npz, meta_json = Path(npz), Path(meta_json)
-    try:
-        meta = json.loads(meta_json.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise DataError(f"{meta_json}: unreadable ({e}); rebuild with "
-                        f"`snakemake --forcerun resize {npz}`") from e
-    if verify and (got := sha256(npz)) != meta["sha256"]:
-        raise DataError(f"{npz}: sha256 {got[:12]}... does not match {meta['sha256'][:12]}... recorded "
-                        f"in {meta_json}; the cache is corrupted. Rebuild it with "
-                        f"`snakemake --forcerun resize {npz}` (or delete it and rerun).")
-    with np.load(npz) as z:
-        arrays = {key: z[key] for key in z.files}
-    return arrays, meta

@@ -34,21 +34,6 @@ from dpscale.plan import specs
 
 TORCHRUN_SINGLE = re.compile(r"--nproc[-_]per[-_]node(=.*)?$")
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
-PG_MARGIN_S = 10
-
-
-def pg_timeout_s(limit_s: float) -> float:
-    """The process-group timeout of a job the watchdog kills at `limit_s`.
-
-    It must fire first, by PG_MARGIN_S or 10 % of the limit, whichever is more: then
-    a collective that never returns ends in the rank that waits for it, with its
-    traceback (and on NCCL the flight recorder's dump), not in a SIGKILL that leaves
-    no trace. E.g. limit 120 s -> 108 s, 900 s -> 810 s. A limit under 20 s cannot
-    keep 10 s and still leave the job time to start: half the limit, then.
-    The watchdog's clock starts with the job, a collective's with the collective:
-    only a hang within the first (limit - timeout) seconds is caught by the timeout;
-    the watchdog asks NCCL ranks for a dump before it kills a later one."""
-    return max(limit_s - max(PG_MARGIN_S, 0.1 * limit_s), limit_s / 2)
 
 
 def worker_command(spec: dict, result: str, rank_logs: str, python: str = "python") -> list[str]:
