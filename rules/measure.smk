@@ -12,9 +12,9 @@ for _exp in registry.EXPERIMENTS.values():
         name:
             _exp.name
         input:
-            **rule_inputs(_exp),
+            **jobs.rule_inputs(_exp, PROTO),
         output:
-            json=f"results/runs/{_exp.name}/{{variant}}/k{{k}}.json",
+            json=results.result_path(_exp.name, "{variant}", "{k}"),
         log:
             f"logs/{_exp.name}/{{variant}}/k{{k}}.log",
         wildcard_constraints:
@@ -26,9 +26,9 @@ for _exp in registry.EXPERIMENTS.values():
             **MEASURE,
         params:
             scripts=SCRIPTS,
-            spec=spec_of(_exp),
-            code=code_of(_exp),
-            retry=retry_of(_exp),
+            spec=jobs.spec_of(_exp, RESOLVED, FP),
+            code=jobs.code_of(_exp),
+            retry=jobs.retry_of(_exp),
         shell:
             "python {params.scripts}/watchdog.py --spec {params.spec:q} --result {output.json}"
             " --rank-logs {log}.ranks --lock-dir {resources.lock_dir:q}"

@@ -6,11 +6,12 @@
 # shows it too, captioned by the same prose the HTML report uses. Reference machines
 # (reference/<name>/ in the workflow's folder and in the working folder) and the book's
 # numbers are inputs: keeping a machine (`dpscale keep NAME`) rebuilds the report.
+from dpscale.report import book as dsbook
 from dpscale.report.chapters import CHAPTERS, csv_tables
 
 REPORT = "results/report"
 PROSE = "../src/dpscale/report/prose"  # report() captions: relative to this file
-BOOK = f"{workflow.basedir}/reference/book_4090.yaml"
+BOOK = f"{workflow.basedir}/{dsbook.SOURCE}"
 REFERENCE_DIRS = list(
     dict.fromkeys(
         str(Path(d).resolve())
@@ -46,6 +47,8 @@ rule report:
         # the tidy table: one row per machine, result and metric (dpscale.report.tidy)
         results=f"{REPORT}/results.csv",
         plan=f"{REPORT}/plan.json",
+        # every machine's forecast, band and validation (dpscale.report.forecast)
+        forecast=f"{REPORT}/forecast.json",
         figures=[
             report(
                 f"{REPORT}/figures/{spec.name}.png",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from dpscale.provenance import COMMAND_VAR  # noqa: E402
-from dpscale.report import build  # noqa: E402
+from dpscale.report import book, build  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,7 +34,7 @@ ap.add_argument("--targets-from", default=None, help="a plan.json whose targets 
 ap.add_argument("--name", default="this run", help="what to call this run's machine (default: %(default)s)")
 ap.add_argument("--references", nargs="*", default=[str(ROOT / "reference")],
                 help="folders of reference machines, reference/<machine>/ (default: the workflow's reference/)")
-ap.add_argument("--book", default=str(ROOT / "reference" / "book_4090.yaml"),
+ap.add_argument("--book", default=str(book.PATH),
                 help="the book's numbers (default: %(default)s; a missing file means none)")
 ap.add_argument("--resolved", default=None, help="the resolved configuration as JSON (its hash is shown)")
 ap.add_argument("--out-dir", required=True, help="where report.html, report.md, figures/ and tables/ go")

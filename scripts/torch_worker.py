@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""torchrun target: one rank of a PyTorch experiment (DDP weak/strong scaling,
-no_sync probe, all-reduce sweep, memcpy training, bucket sweep, FSDP).
+"""torchrun target: one rank of a PyTorch experiment (every experiment of the torch
+family in dpscale.registry: `--help` lists them).
 
     torchrun --standalone --nproc-per-node=K scripts/torch_worker.py --spec JSON --result OUT.json
 
-The spec (built by the workflow's rules/common.smk) names the experiment, its
+The spec (dpscale.plan.specs.job_spec, a params value of the rule) names the experiment, its
 protocol numbers and input files. Rank 0 writes OUT.json atomically. A rank gets
 SIGKILL when its torchrun dies, however it dies.
 """
@@ -18,9 +18,13 @@ die_with_parent()   # first, before torch loads: a rank never outlives its torch
 import argparse
 import json
 
+from dpscale import registry
 from dpscale.measure.torch_job import run
 
-ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+listing = "\n".join(f"  {e.name:<20}{e.title} (variants {'|'.join(e.variant_names())})"
+                    for e in registry.EXPERIMENTS.values() if e.family == "torch")
+ap = argparse.ArgumentParser(description=__doc__, epilog="experiments:\n" + listing,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--spec", required=True, help="job spec as JSON")
 ap.add_argument("--result", required=True, help="result JSON written by rank 0")
 args = ap.parse_args()

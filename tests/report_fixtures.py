@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpscale.analysis import costmodel, stats, tta
-from dpscale.plan import specs
+from dpscale import results
 from dpscale.results import make_result, write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ def write(root: Path, exp, variant, k, *, fp, backend, scale, status="ok", reaso
                     config={"scale": scale, "protocol": {"per_rank_batch": 8}}, fingerprint=fp, backend=backend,
                     data=data, code=CODE)
     write_json_atomic(root / exp / variant / f"k{k}.json", r)
-    return specs.target(exp, variant, k, str(root))
+    return results.result_path(exp, variant, k, str(root))
 
 
 def throughput(s, k, prb, wobble=(1.0, 1.01, 0.99)):

@@ -35,8 +35,6 @@ LAZY_ELSEWHERE = {
     ("torch", "dpscale.run.command", "jax"): "jax.distributed, joined by a multi-node JAX job only",
     ("jax", "dpscale.model.models", "torch"): "the torch model and its FLOP count (the model_flops rule)",
     ("jax", "dpscale.measure.timing", "torch"): "CUDA events, for a torch device only",
-    ("jax", "dpscale.data", "torchvision"): "the download (the download rule, torch env)",
-    ("jax", "dpscale.data", "PIL"): "the resize (the resize rule, torch env)",
     ("report", "dpscale.model.models", "torch"): "the models themselves: the report reads only their docs",
     ("report", "dpscale.model.models", "flax"): "the models themselves: the report reads only their docs",
     ("report", "dpscale.model.models", "jax"): "the models themselves: the report reads only their docs",

@@ -187,8 +187,3 @@ def test_cli_names_a_folder_without_runs(tmp_path):
         cli.main(["forecast", str(tmp_path)])
 
 
-def test_time_to_accuracy_hook_uses_the_given_statistical_efficiency_and_invents_none():
-    rows = [{"k": 1, "weak_step_ms": 100.0}, {"k": 2, "weak_step_ms": 110.0}]
-    got = fd.time_to_accuracy(rows, {1: 1.0, 2: 0.5}, steps_at_k1=1000)
-    assert [r["time_to_accuracy_s"] for r in got] == pytest.approx([100.0, 220.0])
-    assert all(r["time_to_accuracy_s"] is None for r in fd.time_to_accuracy(rows, None, 1000))

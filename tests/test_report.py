@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from report_fixtures import BOOK, CPU_FP, HUNG_REASON, ROOT, SKIP_K4, SKIP_MEMCPY, write_cpu_smoke
@@ -33,7 +32,6 @@ def test_every_declared_figure_and_table_is_written(built):
         assert png.with_suffix(".svg").read_text().lstrip().startswith(("<?xml", "<svg"))
     for key in csv_tables():
         assert list(csv.reader((out / "tables" / f"{key}.csv").open()))[0], key
-    assert all(Path(p).exists() for group in report.expected_outputs(str(out)).values() for p in group)
 
 
 def test_html_is_self_contained_and_embeds_every_figure(built):

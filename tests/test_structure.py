@@ -1,16 +1,22 @@
-"""The code's shape, checked: no import circles in the package, short functions in
-the report, markup only in templates, and light imports where the workflow is parsed."""
+"""The code's shape, checked: no import circles in the package, imports only down its
+floors (scripts/ and rules/ on top, lab/ reached by no pipeline code), no dynamic import
+but the registry's and the figure index's, every experiment's entry in measure/ and its
+digest free of plan/, run/ and lab/, short functions everywhere, markup only in
+templates, and light imports where the workflow is parsed. Each check is a function of a
+tree, and each is shown to catch the mutation it exists for."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from conftest import ROOT
 
-from dpscale import provenance
+from dpscale import provenance, registry
 
 PACKAGE = ROOT / "src" / "dpscale"
 REPORT = PACKAGE / "report"
@@ -26,8 +32,15 @@ def graph() -> dict[str, frozenset[str]]:
 
 
 # The package's floors, lowest first: a module imports only from its own floor or
-# those below. Root modules are the ground floor, but for the command line on top.
+# those below. Root modules are the ground floor, but for the command line on top;
+# scripts/ and rules/ (with the Snakefile) stand above them all, and may not reach lab/.
 LAYERS = ("ground", "data", "model", "analysis", "plan", "measure", "run", "report", "lab", "cli")
+# Where a module may be imported by name at run time (importlib): the registry's entry
+# points and the figure index's per-chapter modules. Anywhere else it would hide an
+# import from the digest walk (dpscale.provenance reads import statements).
+DYNAMIC_IMPORTS = {"registry.py", "report/figures/__init__.py"}
+DYNAMIC = ("import_module", "__import__", "spec_from_file_location", "exec_module", "run_module", "run_path")
+LONGEST = 60
 
 
 def layer(module: str) -> str:
@@ -82,15 +95,121 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     assert upward(g) == ["dpscale.analysis.stats (analysis) imports dpscale.measure.job (measure)"]
 
 
-def test_no_report_function_needs_scrolling():
+def long_functions(folder: Path) -> list[str]:
     long = []
-    for path in REPORT.rglob("*.py"):
+    for path in sorted(folder.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
-                if n > 60:
-                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
-    assert not long, long
+                if n > LONGEST:
+                    long.append(f"{path.relative_to(folder)}:{node.lineno} {node.name} ({n} lines)")
+    return long
+
+
+def test_no_function_needs_scrolling():
+    assert not long_functions(PACKAGE), long_functions(PACKAGE)
+
+
+def dynamic_imports(package: Path) -> list[str]:
+    """Every run-time import by name (importlib, __import__, runpy) outside DYNAMIC_IMPORTS."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel in DYNAMIC_IMPORTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name in ("importlib", "importlib.util", "runpy")]
+            elif isinstance(node, ast.ImportFrom) and node.module in ("importlib", "importlib.util", "runpy"):
+                names = [f"{node.module}.{a.name}" for a in node.names if a.name != "metadata"]
+            elif isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                names = [name] if name in DYNAMIC else []
+            found += [f"{rel}:{node.lineno} {n}" for n in names]
+    return found
+
+
+def test_no_dynamic_import_outside_the_registry_and_the_figure_index():
+    assert not dynamic_imports(PACKAGE), dynamic_imports(PACKAGE)
+
+
+def top_layer_imports(root: Path) -> list[str]:
+    """dpscale modules that scripts/, rules/ and the Snakefile import from lab/ (the top
+    layer may import any floor but the lab: no pipeline step runs lab code)."""
+    bad = []
+    for path in [root / "Snakefile", *sorted((root / "rules").glob("*.smk")), *sorted((root / "scripts").glob("*.py"))]:
+        text = path.read_text()
+        mods = re.findall(r"^\s*import (dpscale[\w.]*)", text, re.M)
+        for base, names in re.findall(r"^\s*from (dpscale[\w.]*) import ([\w, ]+)", text, re.M):
+            mods += [f"{base}.{n.split(' as ')[0].strip()}" for n in names.split(",")]
+        bad += [f"{path.relative_to(root)} imports {m}" for m in mods if m.startswith("dpscale.lab")]
+    return sorted(set(bad))
+
+
+def test_scripts_and_rules_import_no_lab_module():
+    assert not top_layer_imports(ROOT), top_layer_imports(ROOT)
+
+
+def entries_outside_measure() -> list[str]:
+    return [f"{e.name}: {e.entry}" for e in registry.EXPERIMENTS.values()
+            if not e.entry.startswith("dpscale.measure.")]
+
+
+def digest_breaches(experiments=None) -> list[str]:
+    """Modules of plan/, run/ or lab/ in an experiment's digest (its worker imports them)."""
+    return [f"{e.name}: {m}" for e in (experiments or registry.EXPERIMENTS.values()) for m in e.sources
+            if m.startswith(("dpscale.plan", "dpscale.run", "dpscale.lab"))]
+
+
+def test_every_entry_is_a_measurement_and_no_digest_holds_the_planner_supervisor_or_lab():
+    assert not entries_outside_measure(), entries_outside_measure()
+    assert not digest_breaches(), digest_breaches()
+    assert len(registry.get("ddp_weak").sources) <= 13, registry.get("ddp_weak").sources
+
+
+def _tree_copy(tmp_path: Path) -> Path:
+    """A copy of the package, scripts/ and rules/ to mutate (sources only)."""
+    root = tmp_path / "repo"
+    shutil.copytree(PACKAGE, root / "src" / "dpscale", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "scripts", root / "scripts")
+    shutil.copytree(ROOT / "rules", root / "rules")
+    shutil.copy(ROOT / "Snakefile", root / "Snakefile")
+    return root
+
+
+def test_each_check_catches_its_mutation(tmp_path, monkeypatch):
+    """The mutations the checks exist for: an importlib import of lab/ from measure/, a
+    script importing lab/, a registry entry naming a lab module, a 61-line function in
+    measure/, and a worker importing the planner. The unmutated copy passes each check."""
+    root = _tree_copy(tmp_path)
+    pkg = root / "src" / "dpscale"
+    assert not dynamic_imports(pkg) and not top_layer_imports(root) and not long_functions(pkg)
+    job = pkg / "measure" / "torch_job.py"
+    job.write_text(job.read_text() + "\nimport importlib\nPROBE = importlib.import_module('dpscale.lab.tuned_probe')\n")
+    assert [f for f in dynamic_imports(pkg) if f.startswith("measure/torch_job.py")], "importlib in measure/"
+    script = root / "scripts" / "resize.py"
+    script.write_text(script.read_text() + "\nfrom dpscale.lab import kernel_table  # noqa\n")
+    assert top_layer_imports(root) == ["scripts/resize.py imports dpscale.lab.kernel_table"]
+    body = "\n".join(f"    x{i} = {i}" for i in range(60))
+    (pkg / "measure" / "long.py").write_text(f"def f():\n{body}\n")
+    assert long_functions(pkg) == ["measure/long.py:1 f (61 lines)"]
+    lab_entry = dataclasses.replace(registry.get("fsdp"), entry="dpscale.lab.tuned_probe:fixed_batches")
+    monkeypatch.setitem(registry.EXPERIMENTS, "fsdp", lab_entry)
+    assert entries_outside_measure() == ["fsdp: dpscale.lab.tuned_probe:fixed_batches"]
+    monkeypatch.undo()
+    worker = pkg / "measure" / "torch_job.py"
+    worker.write_text(worker.read_text() + "\nfrom dpscale.plan import cluster  # noqa\n")
+    mods = provenance.closure(("dpscale.measure.torch_job",), pkg)
+    assert "dpscale.plan.cluster" in mods and digest_breaches([_Exp("ddp_weak", mods)]) == [
+        "ddp_weak: dpscale.plan.cluster", "ddp_weak: dpscale.plan.fingerprint"], mods
+
+
+@dataclasses.dataclass
+class _Exp:
+    name: str
+    sources: tuple
 
 
 def test_no_markup_is_built_in_python_strings():
@@ -126,3 +245,28 @@ def test_the_report_digest_covers_what_the_report_imports():
     outside = set(provenance.report_modules())
     assert {"dpscale.registry", "dpscale.analysis.stats", "dpscale.results"} <= outside, outside
     assert not any(m.startswith(("dpscale.measure", "dpscale.lab", "dpscale.run")) for m in outside), outside
+
+
+def digests_changed_by(tmp_path: Path, rel: str) -> set[str]:
+    """The experiments whose code digest changes when a constant is appended to `rel`."""
+    root = _tree_copy(tmp_path / rel.replace("/", "_"))
+    pkg = root / "src" / "dpscale"
+    def digests():
+        return {e.name: provenance.source_digest(provenance.closure(
+            (registry.FAMILY_JOB[e.family], e.entry.partition(":")[0]), pkg), pkg) for e in registry.EXPERIMENTS.values()}
+    before = digests()
+    (pkg / rel).write_text((pkg / rel).read_text() + "\nUNRELATED_CONSTANT = 1\n")
+    provenance._normalised.cache_clear()
+    after = digests()
+    return {name for name in before if before[name] != after[name]}
+
+
+def test_an_edit_reruns_exactly_the_experiments_that_run_the_module(tmp_path):
+    """The planner, the supervisor, the data stage's download and the lab: no experiment.
+    The DDP measurements' module: every torch experiment that imports it, nothing else
+    (tests/test_workflow.py shows a changed digest is a planned rerun)."""
+    for rel in ("plan/cluster.py", "run/command.py", "data/fetch.py", "data/resize.py", "lab/tuned_probe.py"):
+        assert digests_changed_by(tmp_path, rel) == set(), rel
+    runs_ddp = {e.name for e in registry.EXPERIMENTS.values() if "dpscale.measure.torch_ddp" in e.sources}
+    assert runs_ddp >= {"ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "fsdp"}
+    assert digests_changed_by(tmp_path, "measure/torch_ddp.py") == runs_ddp

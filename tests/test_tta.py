@@ -46,7 +46,7 @@ def test_linear_rule_is_not_run_at_k1_where_it_is_the_book_rule():
     resolved = {"experiments": ["ddp_tta"], "ks": [1, 2], "tuned": False, "protocol": {"tta_ks_emulated": [4]}}
     assert specs.planned(resolved) == [("ddp_tta", "book", 1), ("ddp_tta", "book", 2), ("ddp_tta", "book", 4),
                                        ("ddp_tta", "linear", 2), ("ddp_tta", "linear", 4)]
-    assert tta.lr_at("linear", 1, 0, 1000) == tta.lr_at("book", 1, 0, 1000)
+    assert tta.lr_at("linear", 1, 0, 1000) == tta.lr_at("constant", 1, 0, 1000)
 
 
 def test_score_fields_name_every_measure():
@@ -57,7 +57,7 @@ def test_score_fields_name_every_measure():
 
 
 def test_lr_rules():
-    assert tta.lr_at("book", 8, 0, 1000) == 0.1
+    assert tta.lr_at("constant", 8, 0, 1000) == 0.1
     assert tta.lr_at("linear", 8, 0, 1000) == pytest.approx(0.1)
     assert tta.lr_at("linear", 8, 500, 1000) == pytest.approx(0.45)
     assert tta.lr_at("linear", 8, 1000, 1000) == pytest.approx(0.8)
@@ -173,7 +173,8 @@ def test_a_settled_point_launches_no_more_seeds(monkeypatch):
         return {"seed": seed, "converged": seed > 2, "eval_s": 0.1, **{f"{m}_to_target": None if seed <= 2 else 1.0
                                                                         for m in tta.MEASURES}}
     monkeypatch.setattr(torch_tta, "one_launch", launch)
-    ctx = SimpleNamespace(proto=TTA_TINY, spec={"k": 1, "variant": "book"}, world=1, rank=0)
+    ctx = SimpleNamespace(proto=TTA_TINY, spec={"k": 1, "variant": "book", "config": {"variant": {"lr_scaling": "constant"}}},
+                          world=1, rank=0)
     m = torch_tta.exp_tta(ctx)
     assert launched == [1, 2] and m["not_launched_seeds"] == [3] and [r["seed"] for r in m["runs"]] == [1, 2]
     assert not m["scored"] and m["no_result_reason"].endswith("seeds 3 not launched (the score was settled)")

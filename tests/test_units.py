@@ -64,15 +64,6 @@ def test_spread_fields_over_repeats():
     assert timing.spread_fields("x", [1.0])["x_ci95"] == [None, None]
 
 
-def test_k8_prediction_from_book_numbers():
-    # the book's weak efficiencies: 88% at k=2, 82% at k=4
-    p = costmodel.weak_efficiency_k({1: 1.0, 2: 0.88, 4: 0.82}, 8)
-    assert p["from_k"] == 4 and p["flat"] == pytest.approx(0.82)
-    r4 = 1 / 0.82 - 1
-    assert p["ring"] == pytest.approx(1 / (1 + r4 * (14 / 8) / (6 / 4)))
-    assert p["ring"] < p["flat"]
-
-
 def test_zero_table_book_anatomy():
     rows = {r["stage"]: r for r in costmodel.zero_table()}
     assert rows[0]["total_GB"] == pytest.approx(112) and not rows[0]["fits"]   # 16 B x 7e9

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from dpscale import registry
+from dpscale.report import book as bookmod
 
 NAME_OK = "letters, digits, '-', '_' and '.'"
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,15 +92,15 @@ def _report_of_kept(folder: Path, name: str, to: Path) -> None:
     plan_info = json.loads((folder / "plan.json").read_text())
     build(folder / "runs", folder / "fingerprint.json", folder / "report", name=name, references=[to],
           targets=[str(folder / "runs" / t) for t in plan_info["targets"]], plan_info=plan_info,
-          book_path=Path(__file__).resolve().parents[2] / "reference" / "book_4090.yaml")
+          book_path=bookmod.PATH)
 
 
 def add_forecast_parser(sub) -> None:
     f = sub.add_parser("forecast", help="print the scaling forecast and its validation from kept results")
     f.add_argument("dirs", nargs="*", type=Path, help="machine folders, each with runs/ and fingerprint.json "
                    "(reference/NAME, or results/ of a run); default: every folder under reference/")
-    f.add_argument("--book", type=Path, default=ROOT / "reference" / "book_4090.yaml",
-                   help="the book's numbers, one more machine (default: reference/book_4090.yaml)")
+    f.add_argument("--book", type=Path, default=bookmod.PATH,
+                   help=f"the book's numbers, one more machine (default: {bookmod.SOURCE})")
     f.add_argument("--no-book", action="store_true", help="leave the book out")
     f.add_argument("--json", type=Path, default=None, help="also write the forecast JSON here")
     for key, kind, what in (("internode_GBps", float, "GB/s into the fabric between nodes, per node"),
@@ -112,7 +113,7 @@ def add_forecast_parser(sub) -> None:
 
 
 def forecast(a) -> int:
-    from dpscale.report import book as bookmod, forecast as fcr
+    from dpscale.report import forecast as fcr
     from dpscale.report.machines import load_reference, reference_folders
     dirs = a.dirs or reference_folders([ROOT / "reference"])
     bad = [d for d in dirs if not (Path(d) / "runs").is_dir()]
@@ -175,7 +176,9 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--workdir", type=Path, default=Path("."), help="the workflow's working folder (default: .)")
     k.add_argument("--to", type=Path, default=None, help="the reference folder (default: <workdir>/reference)")
     k.add_argument("--force", action="store_true", help="replace an existing reference/NAME/")
-    sub.add_parser("experiments", help="list the experiments (src/dpscale/registry.py)")
+    e = sub.add_parser("experiments", help="list the experiments (src/dpscale/registry.py)")
+    e.add_argument("--digest", action="store_true",
+                   help="also print each experiment's digest: the modules whose change reruns it")
     add_forecast_parser(sub)
     c = sub.add_parser("compare", help="print B/A for every point both kept machines measured, with 95%% intervals",
                        description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -188,6 +191,18 @@ def parser() -> argparse.ArgumentParser:
     x.add_argument("--to", default="results.csv",
                    help="the CSV file to write, '-' for standard output (default: %(default)s)")
     return ap
+
+
+def experiments(digest: bool) -> None:
+    """One line per experiment; with digest, the modules of its code digest under it
+    (dpscale.provenance: what its worker imports; a change to one reruns it)."""
+    from dpscale import provenance
+    for e in registry.EXPERIMENTS.values():
+        variants = "|".join(e.variant_names())
+        print(f"{e.name:<20} {e.family:<6} {registry.KS_TEXT[e.ks]:<26} {variants:<18} {e.title}")
+        if digest:
+            print(f"    digest {provenance.source_digest(e.sources)}, {len(e.sources)} modules: "
+                  + " ".join(m.removeprefix("dpscale.") for m in e.sources))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,9 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {rows} rows to {a.to}")
         return 0
     if a.command == "experiments":
-        for e in registry.EXPERIMENTS.values():
-            variants = "|".join(e.variant_names())
-            print(f"{e.name:<20} {e.family:<6} {registry.KS_TEXT[e.ks]:<26} {variants:<18} {e.title}")
+        experiments(a.digest)
         return 0
     if not a.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         ap.error(f"NAME {a.name!r}: use {NAME_OK}")

@@ -43,36 +43,44 @@ class Variant:
     # What the variant needs beyond the experiment's, by REQUIREMENTS key: planned
     # everywhere, skipped with the requirement's reason where the fingerprint lacks it.
     requires: tuple[str, ...] = ()
+    book: bool = False                         # the book's own protocol: a report's first series
+    input: str | None = None                   # how batches reach the devices (INPUT_PATHS)
+    lr_scaling: str | None = None              # the LR rule over k (dpscale.analysis.tta.lr_at)
+
+    def meaning(self) -> dict:
+        """What a worker must know of the variant beyond the protocol: carried by the spec
+        (config.variant), so the numbers depend on it through the spec, not the registry."""
+        return {key: getattr(self, key) for key in ("input", "lr_scaling") if getattr(self, key) is not None}
+
+
+# How a variant's batches reach the devices.
+INPUT_PATHS = MappingProxyType({
+    "loader": "torchvision's DataLoader: PIL Resize per image, per epoch (the book's)",
+    "cache": "the resize cache resident on the device, sliced per step",
+    "host": "float32 batches staged on the host, device_put per step (the book's loop)",
+    "device": "the uint8 set resident on the devices, sliced per step",
+})
 
 
 SEED = Variant("seed", "the book's DataLoader (PIL resize per image, per epoch)",
-               extra_protocol=("loader_workers",))
-CACHED = Variant("cached", "resize cache resident on the device")
-# The tuned DDP series. gradient_as_bucket_view and static_graph stay off (opt in
-# through "ddp"): with channels_last weights their bucket views mismatch the grad
-# strides, and gradient_as_bucket_view measured +0.9% on an H200, inside the
-# run-to-run spread. cuda_graph: the compiled step is host-bound on a 16-core H200
-# box (16-25 ms to issue ~14 ms of GPU work), so the whole step is replayed as one graph.
-# stem, projection, cancelled_bias: the cheap wins of dpscale.model.tuned_model, on because
-# each helps alone (tools/gpu/probe_roofline.py on one H200, batch 256, medians of 5
-# repeats of 40 graphed steps, 2026-12-01: base 21,583 samples/s; the stem as im2col +
-# GEMM 21,910, the 1x1 stride-2 shortcuts as slice + GEMM 21,831, the conv biases that
-# BatchNorm cancels dropped 23,227; all three 23,801). Off: the stem as a direct kernel
-# (21,032) and BatchNorm's statistics in one Triton pass (20,196): both slower.
+               extra_protocol=("loader_workers",), book=True, input="loader")
+CACHED = Variant("cached", "resize cache resident on the device", input="cache")
+# The tuned DDP series: each option is on because it measured faster alone, and off
+# (gradient_as_bucket_view, static_graph, the direct stem, Triton BN statistics) because
+# it did not (README, "Where the tuned step's time goes"). cuda_graph: the compiled step
+# is host-bound on a 16-core H200 box, so the whole step is replayed as one graph.
 TORCH_TUNED = Variant(
-    "tuned", "bf16, channels_last, torch.compile, fused SGD, one CUDA graph per step", tuned=True,
+    "tuned", "bf16, channels_last, torch.compile, fused SGD, one CUDA graph per step", tuned=True, input="cache",
     options=MappingProxyType({"precision": "bf16", "channels_last": True, "compile": True,
                               "cuda_graph": True, "data": "device-resident cache",
                               "optimizer": "fused SGD", "ddp": (),
                               "stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop"}))
 # fp16, because on sm_90 cuDNN fuses BatchNorm's statistics into the convolution in fp16
-# only (dpscale.model.fused_convbn); everything else as the tuned series. Off: bn1's
-# backward sums in conv2's dgrad as well (convbn=cudnn_genstats_dbn, dpscale.lab.fused_dbn):
-# 23,645 samples/s against 24,585 in the pipeline (one H200, 3 launches each, 2026-12-02);
-# cuDNN's fused dgrad kernels cost more than the reductions they replace.
+# only (dpscale.model.fused_convbn); everything else as the tuned series. bn1's backward
+# sums in conv2's dgrad as well measured slower and live in the lab (README, "The fp16 series").
 TORCH_TUNED_FP16 = Variant(
     "tuned_fp16", "fp16 with dynamic loss scaling, BN statistics in the conv's epilogue (cuDNN graph), else as tuned",
-    tuned=True, requires=("gpu", "cudnn_frontend"),
+    tuned=True, requires=("gpu", "cudnn_frontend"), input="cache",
     options=MappingProxyType({**TORCH_TUNED.options, "precision": "fp16", "loss_scaling": "dynamic",
                               "convbn": "cudnn_genstats"}))
 # A requirement's fingerprint key, and the reason a machine without it reads.
@@ -81,20 +89,22 @@ REQUIREMENTS = MappingProxyType({
     "cudnn_frontend": ("cudnn_frontend", "needs cuDNN's Python frontend: pip install -e '.[cudnn]' "
                                          "(nvidia-cudnn-frontend; on a machine without network, carry its wheel)"),
 })
-HOST = Variant("host", "host-staged float32 batches, device_put per step (the book's loop)")
-DEVICE = Variant("device", "the uint8 set resident on the devices, sliced per step")
+HOST = Variant("host", "host-staged float32 batches, device_put per step (the book's loop)", book=True,
+               input="host")
+DEVICE = Variant("device", "the uint8 set resident on the devices, sliced per step", input="device")
+# precision bf16: bf16 compute, float32 parameters and loss; dispatch flat_jit: jax.jit over
+# the flat nnx.split state with donated buffers, not nnx.jit (dpscale.measure.jax_weak).
 JAX_TUNED = Variant(
-    "tuned", "bf16 compute, data on the devices, jax.jit over the flat state", tuned=True,
-    options=MappingProxyType({"precision": "bf16 compute, float32 parameters and loss",
-                              "data": "device-resident cache",
-                              "dispatch": "jax.jit over the flat nnx.split state, donated buffers"}))
+    "tuned", "bf16 compute, data on the devices, jax.jit over the flat state", tuned=True, input="device",
+    options=MappingProxyType({"precision": "bf16", "data": "device-resident cache", "dispatch": "flat_jit"}))
 DEFAULT = Variant("default", "NCCL's defaults (gloo without GPUs)")
 MEMCPY = Variant("memcpy", "NCCL_SHM_USE_CUDA_MEMCPY=1 (and NCCL_P2P_DISABLE=1)", nccl_only=True,
                  env=MEMCPY_ENV)
 # The learning-rate rule of the time-to-accuracy runs (dpscale.analysis.tta.lr_at).
-TTA_BOOK = Variant("book", "SGD lr 0.1 at every global batch, no momentum (the book's loop)")
+TTA_BOOK = Variant("book", "SGD lr 0.1 at every global batch, no momentum (the book's loop)", book=True,
+                   lr_scaling="constant")
 TTA_LINEAR = Variant("linear", "lr 0.1 x k after a linear warm-up of tta_warmup_epochs (Goyal et al. 2017)",
-                     extra_protocol=("tta_warmup_epochs",), min_k=2, same_below="book")
+                     extra_protocol=("tta_warmup_epochs",), min_k=2, same_below="book", lr_scaling="linear")
 MEMCPY_TRAINING = Variant("default", "DDP training with NCCL_SHM_USE_CUDA_MEMCPY=1", nccl_only=True,
                           env=MEMCPY_ENV)
 
@@ -162,6 +172,12 @@ class Experiment:
 
     def protocol_for(self, variant: str) -> tuple[str, ...]:
         return self.protocol + self.variant(variant).extra_protocol
+
+    def series_order(self, have) -> list[str]:
+        """The variants of `have`, the book's protocol first, then in declaration order:
+        the series a report draws first for this experiment."""
+        order = sorted(self.variants, key=lambda v: not v.book)
+        return [v.name for v in order if v.name in have]
 
     @property
     def sources(self) -> tuple[str, ...]:

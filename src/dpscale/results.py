@@ -25,6 +25,18 @@ STATUSES = ("ok", "hung", "failed", "skipped")
 REQUIRED = ("experiment", "variant", "k", "status", "metrics", "config",
             "fingerprint", "backend", "started_utc", "finished_utc")
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "result.schema.yaml"
+RUNS = "results/runs"
+
+
+def job_label(experiment: str, variant: str, k) -> str:
+    """"ddp_weak/cached/k2": how a job is named in logs, reasons and plans."""
+    return f"{experiment}/{variant}/k{k}"
+
+
+def result_path(experiment: str, variant: str, k, root: str = RUNS) -> str:
+    """Where a measurement's result lives (k may be a wildcard, "{k}"): the one place
+    the layout <root>/<experiment>/<variant>/k<k>.json is written down."""
+    return f"{root}/{job_label(experiment, variant, k)}.json"
 
 
 def utc_now() -> str:
@@ -84,7 +96,7 @@ def make_result(*, experiment: str, variant: str, k: int, status: str,
         "started_utc": started_utc or utc_now(), "finished_utc": utc_now(),
     }
     out.update(extra)
-    check_schema(json.loads(json.dumps(out, default=_jsonable)), f"{experiment}/{variant}/k{k}")
+    check_schema(json.loads(json.dumps(out, default=_jsonable)), job_label(experiment, variant, k))
     return out
 
 
@@ -194,7 +206,7 @@ def failure_summary(paths) -> str | None:
             continue
         if r.get("status") in ("failed", "hung"):
             log = f" (log {r['log']})" if r.get("log") else ""
-            rows.append(f"  {r['experiment']}/{r['variant']}/k{r['k']} {r['status']}: {r.get('reason')}{log}")
+            rows.append(f"  {job_label(r['experiment'], r['variant'], r['k'])} {r['status']}: {r.get('reason')}{log}")
     if not rows:
         return None
     return (f"{len(rows)} measurement(s) failed or hung; a plain rerun retries the failed ones "

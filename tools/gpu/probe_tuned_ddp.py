@@ -39,9 +39,9 @@ class ProbeCtx(tr.Ctx):
         print("   ", msg, flush=True)
 
 
-def spec_for(tuned=None, ddp_options=None):
+def spec_for(tuned=None):
     return {"backend": "nccl" if cuda else "gloo", "experiment": "ddp_weak", "variant": "tuned", "k": 1,
-            "env": {}, "ddp_options": ddp_options or {},
+            "env": {},
             "config": {"protocol": {"epochs": 1 + REPS, "image_size": S, "per_rank_batch": B},
                        "tuned": {**TUNED_OPTIONS, **(tuned or {})}}}
 

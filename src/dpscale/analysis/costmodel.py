@@ -96,23 +96,6 @@ def predict_comm(bucket_bytes: list[float], sweep_k2: dict, k: int) -> dict:
     return {"pred_flat_ms": 1e3 * flat, "pred_ring_ms": 1e3 * ring}
 
 
-def weak_efficiency_k(eff: dict[int, float], k_target: int) -> dict:
-    """Exercise 6: extrapolate weak-scaling efficiency to k_target.
-
-    Model: a step takes t_c + t_comm(k); efficiency e(k) = t_c / (t_c + t_comm(k)),
-    so t_comm(k)/t_c = 1/e(k) - 1. Two assumptions, both reported:
-      flat  t_comm independent of k beyond 2 (Eq. 13.5.2): use the largest measured k;
-      ring  t_comm grows as 2(k-1)/k (Eq. 13.5.1): scale the largest measured k's ratio.
-    """
-    ks = sorted(k for k in eff if k >= 2)
-    if not ks:
-        return {}
-    kk = ks[-1]
-    r = 1 / eff[kk] - 1
-    ring_r = r * (2 * (k_target - 1) / k_target) / (2 * (kk - 1) / kk)
-    return {"from_k": kk, "flat": 1 / (1 + r), "ring": 1 / (1 + ring_r)}
-
-
 def zero_table(params: float = 7e9, k: int = 8, gpu_GB: float = 80.0,
                bytes_param: float = 4, bytes_grad: float = 4, bytes_opt: float = 8) -> list[dict]:
     """Exercise 5: per-GPU training state for ZeRO stages 0-3 (activations excluded).

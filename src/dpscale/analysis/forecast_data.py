@@ -9,7 +9,6 @@ and predicts again. A number measured once is held fixed (the band says nothing
 about it: `fixed` lists what was)."""
 from __future__ import annotations
 
-import math
 import statistics
 
 import numpy as np
@@ -343,15 +342,3 @@ def machine_forecast(results: dict, cfg: dict, params_hint: float | None = None)
     return {"config": cfg, "series": out, "validation": validation(results, cfg, params_hint)}
 
 
-def time_to_accuracy(step_rows: list[dict], statistical_efficiency: dict[int, float] | None,
-                     steps_at_k1: float | None) -> list[dict]:
-    """The hook for the time-to-accuracy chapter: given its statistical efficiency per k
-    (steps to the target accuracy at k=1 over those at k, at the global batch of k) and
-    k=1's steps to accuracy, the predicted wall time to accuracy per k. Nothing is
-    invented: without them, the rows say so (None)."""
-    out = []
-    for r in step_rows:
-        se = (statistical_efficiency or {}).get(r["k"])
-        t = (steps_at_k1 / se * r["weak_step_ms"] / 1e3) if se and steps_at_k1 and r.get("weak_step_ms") else None
-        out.append({"k": r["k"], "statistical_efficiency": se, "time_to_accuracy_s": t})
-    return out

@@ -11,30 +11,25 @@ import statistics
 from typing import Callable, Iterable
 
 BASE_LR = 0.1          # the book's SGD learning rate (section 13.6's train loop)
-LR_RULES = ("book", "linear")
+LR_SCALINGS = ("constant", "linear")
 MEASURES = ("seconds", "samples", "epochs")   # each scored on its own: <m>_to_target
 
 
-def lr_at(rule: str, k: int, samples_seen: int, warmup_samples: int, base: float = BASE_LR) -> float:
+def lr_at(scaling: str, k: int, samples_seen: int, warmup_samples: int, base: float = BASE_LR) -> float:
     """The learning rate of the next step.
 
-    book: `base` at every global batch (the book's loop, whatever k is).
+    constant: `base` at every global batch (the book's loop, whatever k is).
     linear: Goyal et al. 2017 (arXiv:1706.02677): the target is base x k, reached by a
     linear ramp from `base` over the first `warmup_samples` training samples (their
-    gradual warm-up, per step), constant after. At k=1 both rules are the book's."""
-    if rule == "book":
+    gradual warm-up, per step), constant after. At k=1 both are the book's."""
+    if scaling == "constant":
         return base
-    if rule != "linear":
-        raise ValueError(f"lr rule {rule!r} is not one of {LR_RULES}")
+    if scaling != "linear":
+        raise ValueError(f"lr scaling {scaling!r} is not one of {LR_SCALINGS}")
     peak = base * k
     if warmup_samples <= 0 or samples_seen >= warmup_samples:
         return peak
     return base + (peak - base) * samples_seen / warmup_samples
-
-
-def first_reach(curve: list[dict], target: float) -> dict | None:
-    """The first evaluation (a {samples, seconds, accuracy} point) at or above target."""
-    return next((p for p in curve if p["accuracy"] >= target), None)
 
 
 def score(runs: list[dict], measure: str) -> dict:

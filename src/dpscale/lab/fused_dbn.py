@@ -8,13 +8,10 @@ its output gradient g into dL/da (dgrad); BN's backward then needs dt = dL/da * 
 and two per-channel sums, sum(dt) and sum(dt * y), which inductor does as a reduction
 pass over dL/da and y. Here one cuDNN graph does all of it: conv_dgrad, then ReLU's
 backward against t recomputed from y in the epilogue, then the two sums
-(`dpscale::dgrad_drelu_dbn`). Measured on one H200 against the dgrad plus a compiled
-pass (tools/gpu/cudnn_bwd_fusion_probe.py, best plan): stage 1 0.34 ms against 0.35,
-stage 2 0.25 against 0.30, stage 4 0.13 against 0.21. In the model it loses: the eight
-fused dgrads take 1.82 ms where the plain ones took 0.95, and inductor's passes shrink
-by only 0.62 ms (it had folded part of the work into passes it needs anyway); the
-pipeline's step read 23,645 samples/s against 24,585. So it is an option
-(convbn=cudnn_genstats_dbn) that the tuned_fp16 series leaves off.
+(`dpscale::dgrad_drelu_dbn`). Alone, against the dgrad plus a compiled pass, it is
+faster; in the model it loses, because inductor had already folded part of that work
+into passes it needs anyway (README, "The fp16 series"). So it lives here, applied by
+the probes (dpscale.lab.model_options), and no pipeline variant selects it.
 
 The pieces:
   - `dpscale::dgrad_drelu_dbn(g, w, y, scale, shift, stride, padding) -> (dt, sum_dt,

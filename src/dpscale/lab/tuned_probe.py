@@ -40,8 +40,8 @@ VARIANTS = {"base": {}, "all": WINS, "stem_im2col": {"stem": "im2col"},
             # A bound, not the model: every BatchNorm removed. No fusion of BN's passes can
             # make the step faster than this, so it shows whether one can reach a target.
             "fp16_nobn": {**FP16, "no_batchnorm": True}, "nobn": {**WINS, "no_batchnorm": True}}
-# BatchNorm's statistics in one Triton pass (dpscale.lab.triton_bn) read 20,196 samples/s
-# against 21,583 for base (one H200, 2026-12-01): off, and no longer a tuned option.
+# BatchNorm's statistics in one Triton pass (dpscale.lab.triton_bn) measured slower than
+# base (README, "Where the tuned step's time goes"): off, and no longer a tuned option.
 LOSS_CHECK_STEPS = 20
 LOSS_REL_TOL = 0.05   # bf16, other kernels: early losses agree to ~1e-2; a wrong model is off by O(1)
 

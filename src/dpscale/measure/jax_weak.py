@@ -22,10 +22,9 @@ from dpscale.measure.timing import spread_fields, summary
 def pure_resident_step(graphdef, treedef):
     """resident_step for the tuned series: jax.jit over a flat list of the state's
     arrays instead of nnx.jit over the objects. nnx.jit walks the model graph in
-    Python at every call: on an H200 host a call took 10.6 ms at k=1 and 17.9 ms at
-    k=2, against 3.6 and 7.7 ms here. That hides behind a 23 ms float32 step while the
-    host runs ahead, but not behind an 11 ms bf16 one (k=2 scaled 63% with nnx.jit,
-    93% with this). The old parameter buffers are donated to the new ones."""
+    Python at every call: that hides behind the float32 step while the host runs ahead,
+    but not behind the bf16 one (README, "Where the tuned step's time goes"). The old
+    parameter buffers are donated to the new ones."""
     @functools.partial(jax.jit, donate_argnums=0)
     def step(leaves, xs, ys, i):
         model, opt = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
@@ -70,14 +69,15 @@ def run_epochs(ctx: Ctx, step, live, steps: int, B: int, warmup: int, repeats: i
     return history, loss, first_step_s
 
 
-def weak_step(variant: str, model, opt, mesh, x_u8, y_all, steps: int, B: int):
+def weak_step(path: str, model, opt, mesh, x_u8, y_all, steps: int, B: int):
     """The variant's step(i) -> loss on batch i, live() -> what a sync waits for (the
     newest parameters: the tuned step donates the old ones), and write_back(), which
-    puts the tuned step's flat state back into model and opt."""
+    puts the tuned step's flat state back into model and opt. path: "host" (the book's
+    loop), "device" (nnx.jit over the resident set), "flat_jit" (jax.jit over the flat state)."""
     def state():
         return nnx.state((model, opt))
 
-    if variant == "host":
+    if path == "host":
         X_all = (x_u8.astype(np.float32) / 255)[..., None]   # the book keeps float32 NHWC on the host
 
         def host_step(i):
@@ -93,7 +93,7 @@ def weak_step(variant: str, model, opt, mesh, x_u8, y_all, steps: int, B: int):
     # Step indices go up once too: a Python int would be a host-to-device copy per step.
     idx = [jax.device_put(np.int32(i), NamedSharding(mesh, P())) for i in range(steps)]
     block(xs, ys, idx)
-    if variant == "device":
+    if path == "device":
         return (lambda i: resident_step(model, opt, xs, ys, idx[i])), state, lambda: None
     graphdef, flat = nnx.split((model, opt))
     leaves, treedef = jax.tree.flatten(flat)
@@ -132,7 +132,10 @@ def exp_weak(ctx: Ctx) -> dict:
     tuned   device-resident, bf16 compute (float32 parameters and loss), and the
             low-overhead jax.jit dispatch of pure_resident_step
     """
-    k, variant = ctx.k, ctx.spec["variant"]
+    k = ctx.k
+    tuned = ctx.spec["config"].get("tuned", {})
+    bf16 = tuned.get("precision") == "bf16"
+    path = tuned.get("dispatch") or ctx.spec["config"]["variant"]["input"]   # host | device | flat_jit
     b = ctx.proto["per_rank_batch"]
     B = b * k
     x_u8, y_all, _ = load_train(ctx)
@@ -142,10 +145,10 @@ def exp_weak(ctx: Ctx) -> dict:
     mesh = make_mesh(k)
     gpu = mesh.devices.flat[0].platform == "gpu"
     peak = measure_matmul_peak(mesh.devices.flat[0]) if gpu else None
-    copy_Bps = measure_copy_bandwidth(mesh.devices.flat[0]) if gpu and variant == "tuned" else None
-    model, opt = build(mesh, jnp.bfloat16 if variant == "tuned" else None)
+    copy_Bps = measure_copy_bandwidth(mesh.devices.flat[0]) if gpu and bf16 else None
+    model, opt = build(mesh, jnp.bfloat16 if bf16 else None)
 
-    step, live, write_back = weak_step(variant, model, opt, mesh, x_u8, y_all, steps, B)
+    step, live, write_back = weak_step(path, model, opt, mesh, x_u8, y_all, steps, B)
     history, loss, first_step_s = run_epochs(ctx, step, live, steps, B, ctx.proto["epochs"] - 1, ctx.proto["repeats"])
     loss_last = float(loss)
     timed = [e for e in history if e["repeat"] is not None]
@@ -167,11 +170,9 @@ def exp_weak(ctx: Ctx) -> dict:
          "first_step_s": first_step_s, "loss_last": loss_last,
          "timed_epoch_includes_compile": ctx.proto["epochs"] < 2, "epochs": history,
          "peak_mem_MiB": peak_mem_MiB(mesh.devices.flat),
-         "input_path": {"host": "host float32 batches, device_put per step",
-                        "device": "device-resident uint8 set, sliced per step",
-                        "tuned": "device-resident uint8 set, sliced per step"}[variant]}
+         "input_path": ctx.spec["config"]["variant"]["input"]}
     m.update(mfu_metrics(ctx, m["samples_per_s_per_device"], peak))
-    if variant == "tuned":   # the bf16 roofline, defined once for both frameworks
+    if bf16:   # the bf16 roofline, defined once for both frameworks
         m.update(roofline.roofline_fields(b, ctx.proto["image_size"], m["samples_per_s_per_device"],
                                           peak, copy_Bps))
         m["tuned_options"] = {"compute_dtype": "bfloat16 (convolutions, batch norm)",

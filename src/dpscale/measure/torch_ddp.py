@@ -13,7 +13,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from dpscale import registry
 from dpscale.analysis import costmodel, roofline, stats
 from dpscale.model import tuned_model
 from dpscale.model.models import torch_flops_per_sample, torch_resnet18
@@ -42,7 +41,7 @@ def build_ddp(ctx: Ctx, tuned: bool = False, model_apply=tuned_model.apply, **dd
         # Compiled inside DDP, not torch.compile(DDP(model)): dynamo graph-breaks in
         # DDP.forward (its Logger, the skipped _inside_ddp_forward) and then traced each
         # Residual as its own frame, recompiled per width with dynamic channel counts,
-        # while the stem, pool and head ran eagerly (H200: 14.0 ms/step; 11.9 inside).
+        # while the stem, pool and head ran eagerly (README, "Where the tuned step's time goes").
         # Compiled inside, the model is one graph, and dynamo still sees the active DDP
         # module, so its DDPOptimizer splits that graph at the bucket boundaries: the
         # all-reduce of a bucket still overlaps the rest of the backward.
@@ -51,8 +50,8 @@ def build_ddp(ctx: Ctx, tuned: bool = False, model_apply=tuned_model.apply, **dd
 
 
 def is_tuned(ctx: Ctx) -> bool:
-    """The spec's variant is one of the tuned series (registry.Variant.tuned)."""
-    return registry.get(ctx.spec["experiment"]).variant(ctx.spec["variant"]).tuned
+    """The spec's variant is one of the tuned series: its spec carries the tuned options."""
+    return "tuned" in ctx.spec["config"]
 
 
 def fp16(ctx: Ctx, tuned: bool) -> bool:
@@ -117,9 +116,9 @@ class GraphedStep:
     """The whole training step (forward, backward with DDP's all-reduce hooks, the
     fused SGD update) captured once as one CUDA graph, then replayed for every batch.
 
-    Why: the compiled step is ~300 kernel launches through Python. On the H200 box
-    (16 host cores) issuing them took 16-25 ms per step against ~14 ms of GPU work,
-    so the GPU idled. A replay is one launch. The recipe is PyTorch's whole-network
+    Why: the compiled step is ~300 kernel launches through Python, and issuing them
+    took longer than the GPU work (README, "Where the tuned step's time goes"), so the
+    GPU idled. A replay is one launch. The recipe is PyTorch's whole-network
     capture ("CUDA semantics", Usage with DistributedDataParallel): DDP built on a
     side stream, at least 11 eager DDP iterations on that stream, the capture on it too,
     and grads set to None so backward allocates them from the graph's memory pool.
@@ -268,14 +267,13 @@ def loss_scale_fields(scaler) -> dict:
 
 
 def ddp_throughput(ctx: Ctx, strong: bool):
-    variant = ctx.spec["variant"]
     k = ctx.world
     batch = ctx.proto["global_batch"] // k if strong else ctx.proto["per_rank_batch"]
     tuned = is_tuned(ctx)
     side = graph_side_stream(ctx, tuned)
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        model = build_ddp(ctx, tuned=tuned, **ctx.spec.get("ddp_options", {}))
-    if variant == "seed":
+        model = build_ddp(ctx, tuned=tuned)
+    if ctx.spec["config"]["variant"]["input"] == "loader":
         sampler, loader = seed_loader(ctx, batch)
 
         def batches(epoch):

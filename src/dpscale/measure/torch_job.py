@@ -16,7 +16,7 @@ import torch.distributed as dist
 from dpscale import registry
 from dpscale.data import load as dsdata
 from dpscale.measure import gpustate
-from dpscale.results import utc_now, write_result
+from dpscale.results import job_label, utc_now, write_result
 from dpscale.measure.timing import StepTimer, sync
 
 
@@ -42,7 +42,7 @@ class Ctx:
         make one rank crash or stop calling collectives, so tests can see the job fail
         or hang; with job=, only in that one job of a workflow run."""
         f = self.fault
-        job = f"{self.spec['experiment']}/{self.spec['variant']}/k{self.spec['k']}"
+        job = job_label(self.spec["experiment"], self.spec["variant"], self.spec["k"])
         if (f and f.get("rank", 1) == self.rank and f.get("at", "step") == where
                 and f.get("job", job) == job):
             if f["kind"] == "crash":

@@ -118,7 +118,7 @@ def one_launch(ctx: Ctx, seed: int) -> dict:
     """One seeded launch: until the first evaluation at or above the target, or the
     epoch budget. The clock starts before the data is staged and never stops; every
     evaluation is on it (its share recorded as eval_s)."""
-    p, rule = ctx.proto, ctx.spec["variant"]
+    p, scaling = ctx.proto, ctx.spec["config"]["variant"]["lr_scaling"]
     k, ranks = layout(ctx)
     batch, target = p["tta_per_rank_batch"], p["tta_target"]
     model, opt = build(ctx, seed)
@@ -134,7 +134,7 @@ def one_launch(ctx: Ctx, seed: int) -> dict:
         g = torch.Generator().manual_seed(seed * 100_003 + epoch)   # the same order on every rank
         perm = torch.randperm(len(x), generator=g).to(ctx.device)
         for s in range(len(x) // (k * batch)):
-            step_fn(step_shards(x, y, perm, k, batch, ranks, s), tta.lr_at(rule, k, seen, warmup))
+            step_fn(step_shards(x, y, perm, k, batch, ranks, s), tta.lr_at(scaling, k, seen, warmup))
             seen += k * batch
             if seen >= next_eval or seen >= budget:
                 e0 = time.perf_counter()
@@ -175,9 +175,9 @@ def exp_tta(ctx: Ctx) -> dict:
     if not_launched:
         scored["no_result_reason"] += f"; seeds {', '.join(map(str, not_launched))} not launched (the score was settled)"
     conv = [r for r in runs if r["converged"]]
-    return {"lr_rule": ctx.spec["variant"], "lr_base": tta.BASE_LR,
-            "lr_peak": tta.lr_at(ctx.spec["variant"], k, 1 << 62, 0),
-            "warmup_epochs": p.get("tta_warmup_epochs", 0) if ctx.spec["variant"] == "linear" else 0,
+    scaling = ctx.spec["config"]["variant"]["lr_scaling"]
+    return {"lr_rule": ctx.spec["variant"], "lr_scaling": scaling, "lr_base": tta.BASE_LR,
+            "lr_peak": tta.lr_at(scaling, k, 1 << 62, 0), "warmup_epochs": p.get("tta_warmup_epochs", 0),
             "target_accuracy": p["tta_target"], "seeds": list(p["tta_seeds"]),
             "eval_every_samples": p["tta_eval_every_samples"], "max_epochs": p["tta_max_epochs"],
             "train_images": p["tta_train_images"], "test_images": p["tta_test_images"],

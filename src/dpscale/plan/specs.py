@@ -11,14 +11,9 @@ from __future__ import annotations
 import json
 
 from dpscale.plan import cluster as dscluster, fingerprint as fpmod
-from dpscale import registry
+from dpscale import registry, results
 
-RUNS = "results/runs"
 PG_MARGIN_S = 10
-
-
-def target(experiment: str, variant: str, k: int, root: str = RUNS) -> str:
-    return f"{root}/{experiment}/{variant}/k{k}.json"
 
 
 def pg_timeout_s(limit_s: float) -> float:
@@ -48,8 +43,8 @@ def planned(resolved: dict) -> list[tuple[str, str, int]]:
     return out
 
 
-def targets(resolved: dict, root: str = RUNS) -> list[str]:
-    return [target(e, v, k, root) for e, v, k in planned(resolved)]
+def targets(resolved: dict, root: str = results.RUNS) -> list[str]:
+    return [results.result_path(e, v, k, root) for e, v, k in planned(resolved)]
 
 
 def skip_reason(experiment: str, variant: str, k: int, fp: dict,
@@ -107,6 +102,8 @@ def job_spec(resolved: dict, fp: dict, experiment: str, variant: str, k: int, in
         spec["gpu_state"] = dict(resolved["gpu_state"])   # dpscale.measure.gpustate.policy_failure reads it
     if var.options is not None:
         spec["config"]["tuned"] = json.loads(json.dumps(dict(var.options)))
+    if meaning := var.meaning():
+        spec["config"]["variant"] = meaning
     for need in var.requires:   # what it needs is part of what it measured (only these specs carry it)
         key = registry.REQUIREMENTS[need][0]
         spec["fingerprint"].setdefault(key, fp.get(key))

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpscale import provenance
-from dpscale.results import write_json_atomic
+from dpscale.results import job_label, write_json_atomic
 from dpscale.report import book as bookmod, forecast, render
 from dpscale.report.chapters import CHAPTERS, csv_tables, figure_specs
 from dpscale.report.chapters.common import prose
@@ -73,18 +73,10 @@ def build(runs_dir, fingerprint_path, out_dir, *, targets=None, references=(), b
 def plan_record(data: ReportData) -> dict:
     """What `dpscale keep` stores beside a machine's results: its plan and its provenance."""
     m = data.current
-    targets = [f"{e}/{v}/k{k}.json" for e, v, k in (m.plan or sorted(m.results))]
+    targets = [f"{job_label(e, v, k)}.json" for e, v, k in (m.plan or sorted(m.results))]
     return {"targets": targets, "planned": len(targets), "counts": m.counts(),
             **{k: v for k, v in data.build.items() if k in ("command", "config_hash", "resolved", "code",
                                                              "built_utc")}}
 
 
-def expected_outputs(out_dir: str = "results/report") -> dict[str, list[str]]:
-    """Every file build() writes, for the rule's output."""
-    return {"png": [f"{out_dir}/figures/{s.name}.png" for _c, s in figure_specs()],
-            "svg": [f"{out_dir}/figures/{s.name}.svg" for _c, s in figure_specs()],
-            "csv": [f"{out_dir}/tables/{k}.csv" for k in csv_tables()],
-            "tidy": [f"{out_dir}/results.csv"]}
-
-
-__all__ = ["CHAPTERS", "build", "load", "expected_outputs"]
+__all__ = ["CHAPTERS", "build", "load"]

@@ -8,11 +8,12 @@ from pathlib import Path
 import yaml
 
 from dpscale.analysis import costmodel
-from dpscale import registry
+from dpscale import provenance, registry
 from dpscale.results import make_result
 from dpscale.report.machines import Machine
 
-SOURCE = "reference/book_4090.yaml"
+SOURCE = "reference/book_4090.yaml"   # in the workflow's folder
+PATH = provenance.ROOT / SOURCE
 
 
 def load(path) -> Machine | None:

@@ -206,7 +206,7 @@ def load_planned(runs_dir, fingerprint_path, targets: list[str], *, key="current
                                 "(interrupted, or an input it needs failed)")
     found = {}
     for e, v, k in plan:
-        path = Path(runs_dir) / e / v / f"k{k}.json"
+        path = Path(contract.result_path(e, v, k, str(runs_dir)))
         r = _read(path, errors) if path.exists() else None
         found[(e, v, k)] = r if r is not None else not_run((e, v, k), reason)
     return Machine(key=key, kind=kind, label=label, fingerprint=fp, results=found, plan=plan,

@@ -36,7 +36,7 @@ from dpscale.measure import gpustate
 from dpscale.plan import specs
 from dpscale.run import command, devices, flight, joblogs, launches, lifeline
 from dpscale import provenance, registry
-from dpscale.results import make_result, record_failure, utc_now, write_json_atomic
+from dpscale.results import job_label, make_result, record_failure, utc_now, write_json_atomic
 
 POLL_S = 0.5          # how soon a dead Snakemake or a finished worker is noticed
 ORPHAN_GRACE_S = 3    # SIGTERM -> SIGKILL when no one waits for the job: all gone within 10 s
@@ -78,7 +78,7 @@ class Job:
 
     @property
     def label(self) -> str:
-        return f"{self.spec['experiment']}/{self.spec['variant']}/k{self.spec['k']}"
+        return job_label(self.spec["experiment"], self.spec["variant"], self.spec["k"])
 
     def write(self, status: str, reason: str | None, **extra) -> None:
         s = self.spec

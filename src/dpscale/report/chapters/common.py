@@ -77,8 +77,4 @@ def label(m: Machine) -> str:
     return m.label if m.kind != "book" else "book"
 
 
-def interval_text(lo, hi, scale: float = 1.0, unit: str = "") -> str:
-    return "" if lo is None else f" {fmt_interval(lo, hi, scale, unit)}"
-
-
 __all__ = ["prose", "figure", "missing_notes", "jobs_table", "records_table", "by_machine", "fmt_num"]

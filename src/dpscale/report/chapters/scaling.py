@@ -2,6 +2,7 @@
 with its interval, like with like against the book."""
 from __future__ import annotations
 
+from dpscale import registry
 from dpscale.report.document import Chapter, Cell, FigureSpec, Page, Table
 from dpscale.report.machines import Machine, ReportData
 from dpscale.report.numbers import THROUGHPUT, book_form_scaling, common_k, pct, scaling
@@ -11,7 +12,6 @@ from dpscale.report.chapters.common import figure, jobs_table, label, missing_no
 FIGURES = (FigureSpec("scaling_weak", "DDP weak scaling: samples/s against k, with the ideal line"),
            FigureSpec("scaling_strong", "DDP strong scaling: samples/s against k, with the ideal line"),
            FigureSpec("efficiency", "Weak- and strong-scaling efficiency against k"))
-PRIMARY = ("seed", "host", "cached", "device", "tuned")   # the book's protocol first
 DETAILS = ["machine", "experiment", "variant", "k", "status", "samples_per_s", "mean", "interval", "repeats",
            "covers", "cv", "speedup", "speedup_interval", "efficiency", "efficiency_interval", "ratio_covers",
            "ratio_method", "per_rank_batch",
@@ -19,8 +19,9 @@ DETAILS = ["machine", "experiment", "variant", "k", "status", "samples_per_s", "
 
 
 def primary_variant(m: Machine, experiment: str) -> str | None:
-    have = m.variants(experiment)
-    good = [v for v in PRIMARY if v in have and any(r["status"] == "ok" for r in m.series(experiment, v).values())]
+    """The series drawn first: the book's protocol where it has a number (registry.Variant.book)."""
+    have = registry.get(experiment).series_order(m.variants(experiment))
+    good = [v for v in have if any(r["status"] == "ok" for r in m.series(experiment, v).values())]
     return good[0] if good else (have[0] if have else None)
 
 

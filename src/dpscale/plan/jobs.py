@@ -1,0 +1,134 @@
+"""What the workflow's rules ask of each measurement, derived from the registry: the
+files it reads (rule inputs) and how its worker names them (the spec's inputs), its
+spec, its retry count and code digest (params values), and what it asks a cluster
+for (resources). rules/common.smk only looks these up.
+
+Every callable taking `wildcards` reads `.variant` and `.k`, as Snakemake passes them.
+Parse-time light: no torch, no jax.
+"""
+from __future__ import annotations
+
+from dpscale import provenance, registry, results
+from dpscale.data.load import SPLITS
+from dpscale.plan import cluster as dscluster, specs
+
+DATA = "results/data"
+FLOPS = "results/model/flops_{size}px.json"
+RAW = [f"{DATA}/FashionMNIST/raw/{name}" for images, labels, _n in SPLITS.values() for name in (images, labels)]
+
+
+def input_files(protocol: dict) -> dict:
+    """The files behind each input name of the registry (registry.INPUTS)."""
+    size, tta = protocol["image_size"], protocol["tta_image_size"]
+    return {"raw": RAW, "cache": f"{DATA}/fmnist_{size}px.npz", "meta": f"{DATA}/fmnist_{size}px.json",
+            "flops": FLOPS.format(size=size),
+            # time to accuracy reads its own size (16 px at smoke scale, 64 at paper: the same file)
+            "tta_cache": f"{DATA}/fmnist_{tta}px.npz", "tta_meta": f"{DATA}/fmnist_{tta}px.json"}
+
+
+def rule_inputs(exp: registry.Experiment, protocol: dict) -> dict:
+    """The rule's input files: what the registry says the experiment reads."""
+    files = input_files(protocol)
+    out = {name: files[name] for name in exp.inputs}
+    for need in exp.needs:
+        out[need.experiment] = results.result_path(need.experiment, need.variant, need.k)
+    return out
+
+
+def job_inputs(exp: registry.Experiment, protocol: dict) -> dict:
+    """The same files as the worker sees them in its spec."""
+    files = input_files(protocol)
+    tta = "tta_cache" in exp.inputs   # its cache is the one of its own image size
+    out = {"cache": files["tta_cache" if tta else "cache"], "cache_meta": files["tta_meta" if tta else "meta"],
+           "data_root": DATA}
+    if "flops" in exp.inputs:
+        out["flops"] = files["flops"]
+    for need in exp.needs:
+        out[need.experiment] = {str(need.k): results.result_path(need.experiment, need.variant, need.k)}
+    return out
+
+
+def spec_of(exp: registry.Experiment, resolved: dict, fp: dict):
+    """The job's spec as canonical JSON, a params value: reruns exactly when it changes."""
+    inputs = job_inputs(exp, resolved["protocol"])
+
+    def spec(wildcards) -> str:
+        return specs.dumps(specs.job_spec(resolved, fp, exp.name, wildcards.variant, int(wildcards.k), inputs))
+    return spec
+
+
+def retry_of(exp: registry.Experiment):
+    """How many attempts at the job's result failed so far: a params value, so that a
+    failed record is never up to date and a plain rerun retries exactly those jobs."""
+
+    # Why a count, read before the run, and not a mark on the failed record:
+    # - Snakemake records params as they were when the DAG was built, before the job
+    #   ran. A token "the record failed" would be recorded by the retry, and differ
+    #   again once the record is ok: one more, needless rerun after every retry. The
+    #   count (one line per failed attempt in k<k>.failures, results.record_failure)
+    #   changes only when an attempt fails, so each failure reruns its job once.
+    # - An epoch mtime on the record does not work: Snakemake 9 touches a job's
+    #   outputs when it ends (dag.check_and_touch_output), and its mtime trigger skips
+    #   an input that is newer but has the checksum it recorded (allreduce reads one
+    #   small JSON, the resize cache's sidecar).
+    # Checked with Snakemake 9.27: tests/test_isolation.py's crash test dry-runs
+    # exactly the failed job after the failure, and nothing after its retry.
+    def retry(wildcards) -> str:
+        return f"failed attempts: {results.failed_attempts(results.result_path(exp.name, wildcards.variant, wildcards.k))}"
+    return retry
+
+
+def code_of(exp: registry.Experiment) -> str:
+    """A digest of the code the measurement runs (dpscale.provenance): a params value,
+    so a change to what that code does marks the old numbers stale and reruns them."""
+    return provenance.source_digest(exp.sources)
+
+
+def resources(cluster: dict, fp: dict, locks: dict) -> dict:
+    """`resources: **...` of every measurement rule (profiles/slurm, docs/cluster.md).
+
+    Local runs use only `measure` (profiles/default limits it to 1 at a time).
+    tasks_per_gpu=0: without it the SLURM plugin turns `tasks` into --ntasks-per-gpu
+    as well, on a GPU job. lock_dir and lock_wait_s reach the watchdog
+    (dpscale.run.devices) as resources, not params: changing them must not rerun a
+    measurement. No executor reads them (the SLURM plugin maps only names it knows; a
+    job step gets lock_wait_s as --resources, which it meets)."""
+    eff = dscluster.effective(cluster, fp)
+    has_gpus = (fp.get("gpu_count") or 0) > 0
+
+    def nodes(w) -> int:
+        """Nodes a job spans: ceil(k / G); 1 when k fits one node or is skipped."""
+        return dscluster.nodes_for(int(w.k), eff)
+
+    def gpus(w) -> int:
+        """GPUs of a one-node job (sbatch --gpus=k). 0 on CPU stand-ins, for a k that is
+        skipped (it runs nothing and must not wait for GPUs that do not exist), and for
+        multi-node jobs, which ask per node (gres)."""
+        k = int(w.k)
+        return 0 if not has_gpus or k > dscluster.capacity(eff) or nodes(w) > 1 else k
+
+    def gres(w) -> str:
+        """GPUs on each node of a multi-node job (sbatch --gres=gpu:G); "" otherwise."""
+        return f"gpu:{eff['gpus_per_node']}" if has_gpus and nodes(w) > 1 else ""
+
+    def tasks(w) -> int:
+        """One task per node of a multi-node job (a torchrun agent or JAX process); 0 = unset."""
+        return nodes(w) if nodes(w) > 1 else 0
+
+    def mpi(w) -> str:
+        """The key alone makes the SLURM plugin run a measurement in the job's batch step
+        (with all of the first node's GPUs), not inside `srun -n1`; its value, set on
+        multi-node jobs, makes it submit --ntasks=N, and the watchdog starts its own srun
+        over all nodes (dpscale.run.command)."""
+        return "srun" if nodes(w) > 1 else ""
+
+    def cpus(w) -> int:
+        """CPU stand-ins: one core per gloo process or JAX host device on a node."""
+        k = int(w.k)
+        return min(k, eff["gpus_per_node"]) if k <= dscluster.capacity(eff) else 1
+
+    out = dict(gpu=gpus, gres=gres, nodes=nodes, tasks=tasks, tasks_per_gpu=0, mpi=mpi, measure=1,
+               lock_dir=locks["dir"], lock_wait_s=locks["wait_s"])
+    if not has_gpus:
+        out["cpus_per_task"] = cpus   # with GPUs, the profile's cpus_per_gpu applies
+    return out
