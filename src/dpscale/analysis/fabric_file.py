@@ -39,6 +39,12 @@ fabric_tiers(sweep, intra) turns it into forecast.Fabric tiers:
   part is taken as free (alpha 0, beta infinite): the across-node tier then carries the
   whole measured time, an upper bound on its own cost, and `source` says so.
 
+Use (a node's sweep for the in-node ring, a multi-node one for the tier across nodes):
+    intra = fabric_tiers(read_sweep("one_node.txt")).intra      # all_reduce_perf -g 8
+    tiers = fabric_tiers(read_sweep("two_nodes.txt"), intra)     # mpirun -np 16 ... -g 1
+    tiers.allreduce_time(25 * 2**20, nodes=4, per_node=8)        # seconds, one 25 MiB bucket
+    StepModel(..., fabric=tiers.intra, internode=tiers.inter, per_node=tiers.per_node)
+
 Every file that is not one of these raises FabricFileError (a ValueError), whose message
 is one line naming the file, what was expected and what to do; a missing file raises
 MissingFabricFile (FabricFileError and FileNotFoundError). Units: bytes, seconds, bytes/s
