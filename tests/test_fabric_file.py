@@ -92,16 +92,26 @@ def test_older_release_and_launcher_labels():
     assert all(r.wrong is None for r in srun.rows)   # validation: 0 prints N/A
 
 
-@pytest.mark.parametrize("how", ["crlf", "srun_label", "hash_lost", "mpich_label"])
+def _stamped(lines):
+    """As -S 1 prints it: a timestamp column in the header, "YYYY-mm-dd HH:MM:SS" on rows."""
+    out = []
+    for x in lines:
+        out.append(x + "  timestamp" if " size " in x else x + "  2025-03-04 09:13:02" if x[:1] == " " else x)
+    return out
+
+
+@pytest.mark.parametrize("how", ["crlf", "srun_label", "hash_lost", "mpich_label", "timestamps"])
 def test_the_same_run_pasted_otherwise_reads_the_same(tmp_path, how):
     """A real file re-saved with Windows line ends, with every line labelled as srun --label
-    and MPICH's -l do, or with its leading '#' eaten by a Markdown renderer."""
+    and MPICH's -l do, with its leading '#' eaten by a Markdown renderer, or with -S 1's
+    timestamps."""
     src = (DATA / "h100_1node_8gpu.txt").read_text()
     lines = src.splitlines()
     text = {"crlf": lambda: "\r\n".join(lines) + "\r\n",
             "srun_label": lambda: "\n".join(f"{3:>2}: {x}" for x in lines),
             "hash_lost": lambda: "\n".join(x.lstrip("#") for x in lines),
-            "mpich_label": lambda: "\n".join(f"[0] {x}" for x in lines)}[how]()
+            "mpich_label": lambda: "\n".join(f"[0] {x}" for x in lines),
+            "timestamps": lambda: "\n".join(_stamped(lines))}[how]()
     (tmp_path / "run.txt").write_bytes(text.encode())
     a, b = ff.read_sweep(DATA / "h100_1node_8gpu.txt"), ff.read_sweep(tmp_path / "run.txt")
     assert (b.table, b.ranks, b.hosts, b.gpu, b.avg_busbw_GBps) == (a.table, a.ranks, a.hosts, a.gpu,
@@ -174,6 +184,12 @@ def test_inverting_hierarchical_time_recovers_known_tiers():
     neglected = ff.fabric_tiers(made).inter
     assert not neglected.beta_Bps == pytest.approx(90e9, rel=0.05)
     assert "neglected" in neglected.source and ff.fabric_tiers(made).intra.beta_Bps == math.inf
+    # one device per node (16 x 1): no intra-node part to know, the tier comes back without one
+    one_each = dataclasses.replace(s, hosts=16, gpus_per_node=1)
+    made = with_times(one_each, [fc.hierarchical_time(S, 16, 1, intra, inter) for S in s.bytes])
+    got = ff.fabric_tiers(made)
+    assert (got.inter.alpha_s, got.inter.beta_Bps) == pytest.approx((15e-6, 90e9), rel=1e-9)
+    assert "one device per node" in got.inter.source
 
 
 def test_two_tiers_from_one_cluster_reproduce_its_two_node_run():

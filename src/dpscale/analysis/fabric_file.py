@@ -302,10 +302,15 @@ def _num(tok: str) -> float | None:
     return None if math.isnan(v) else v
 
 
+def _unstamp(tokens: list[str]) -> list[str]:
+    """A row without -S 1's "YYYY-mm-dd HH:MM:SS" at its end."""
+    while tokens and _STAMP.match(tokens[-1]):
+        tokens = tokens[:-1]
+    return tokens
+
+
 def _parse_row(p, lineno, tokens, layout: _Layout, time_scale: float):
     """(key, {placement: Row}) of one table row; a row of the wrong width is an error."""
-    while tokens and _STAMP.match(tokens[-1]):   # -S 1: "YYYY-mm-dd HH:MM:SS" at the end
-        tokens = tokens[:-1]
     n0, g = len(layout.prefix), layout.group
     body = tokens[n0:]
     if len(body) == 2 * g:
@@ -353,7 +358,7 @@ def _scan(p: Path, text: str) -> dict:
         if (m := re.search(r"Collective test starting:\s*(\S+)", body)):
             s["program"] = m.group(1)
             continue
-        tokens = body.split()
+        tokens = _unstamp(body.split())
         if not body.startswith("#") and _is_row(tokens):
             s["rows"].append((lineno, tokens))
     return s
@@ -564,6 +569,8 @@ def fabric_tiers(sweep: Sweep, intra: fc.Fabric | None = None, *,
     S, t = np.array([r.bytes for r in rows], float), np.array([r.time_s for r in rows], float)
     what = (f"{sweep.format} {sweep.source} ({sweep.ranks} ranks on {sweep.hosts} host(s), {sweep.placement}, "
             f"{span})")
+    if sweep.ranks < 2:
+        raise ValueError(f"{sweep.source}: one rank all-reduces nothing; a fabric needs a sweep over 2 or more")
     if sweep.hosts <= 1:
         if intra is not None:
             raise ValueError(f"{sweep.source}: a one-host sweep is itself the intra-node tier; pass intra=None")
@@ -573,7 +580,10 @@ def fabric_tiers(sweep: Sweep, intra: fc.Fabric | None = None, *,
     if not G:
         raise ValueError(f"{sweep.source}: the hosts hold different numbers of ranks; the two-tier model needs "
                          "the same number on every node")
-    if intra is None:
+    if G == 1:   # one device per node: the whole all-reduce crosses nodes
+        intra = intra or fc.Fabric(0.0, math.inf, 1, "one device per node: no intra-node part")
+        how = "one device per node, no intra-node part"
+    elif intra is None:
         intra = fc.Fabric(0.0, math.inf, G, "intra-node part neglected (no intra-node tier given): the "
                           "across-node tier carries the whole measured time, an upper bound on its own cost")
         how = "intra-node part neglected"
