@@ -101,7 +101,7 @@ class Sweep:
     gpus_per_node: int | None          # None: the hosts hold different numbers of ranks
     gpu: str | None
     placement: str
-    table: dict
+    table: dict = field(hash=False)
     hostnames: tuple = ()
     dtype: str | None = None
     redop: str | None = None
@@ -559,7 +559,7 @@ def fabric_tiers(sweep: Sweep, intra: fc.Fabric | None = None, *,
     file's times leave after the in-node ring of `intra`; without `intra`, the in-node
     part is neglected (the returned intra is free: alpha 0, beta infinite) and the
     across-node tier carries the whole time. Raises ValueError where the sweep cannot
-    give a tier (uneven hosts, too few rows, the in-node ring alone slower than the file)."""
+    give a tier (one rank, uneven hosts, the in-node ring alone slower than the file)."""
     rows = [r for r in sweep.rows if r.time_s > 0]
     window = [r for r in rows if r.bytes >= min_bytes]
     span = f"{min_bytes / 2**20:g} MiB and up" if min_bytes and len(window) >= 2 else "every payload"
