@@ -5,6 +5,7 @@ shards in one process), and a plain module; and the DDP hook leaving the paramet
 bit for bit as DDP leaves them without it."""
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
@@ -13,10 +14,9 @@ import torch
 from torch import nn
 
 from conftest import ROOT, env_with_src, free_port
+import noise_scale_worker as w
 from dpscale.analysis import stateff
-
-sys.path.insert(0, str(ROOT / "tests"))
-import noise_scale_worker as w  # noqa: E402
+from dpscale.measure.noise_scale import GradNoiseProbe
 
 REL = 1e-9     # float64: the probe's norms against the per-shard backward passes
 
@@ -62,14 +62,13 @@ def test_probe_on_a_plain_module_equals_per_shard_backward_passes():
         torch.manual_seed(0)
         net = w.tiny()
         opt = torch.optim.SGD(net.parameters(), lr=w.LR)
-        from dpscale.measure.noise_scale import GradNoiseProbe
         probe = GradNoiseProbe(net, w.BATCH, ranks_per_process=3)
         want = []
         for X, y in w.batches(3):
             sh = w.shards_of(X, y, range(3))
             grads = []
             for Xs, ys in sh:
-                ref = __import__("copy").deepcopy(net)
+                ref = copy.deepcopy(net)
                 g = torch.autograd.grad(nn.CrossEntropyLoss()(ref(Xs), ys), list(ref.parameters()))
                 grads.append(torch.cat([t.reshape(-1) for t in g]))
             want.append((sum(float(g.pow(2).sum()) for g in grads) / 3, float((sum(grads) / 3).pow(2).sum())))

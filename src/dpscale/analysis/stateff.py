@@ -226,7 +226,6 @@ def ratio_over_seeds(base, other, level: float = LEVEL, method: str = "auto", dr
     Returns {"value", "ci_lo", "ci_hi", "mlperf_value" (ratio of MLPerf's scores),
     "method", "n" [base, other], "censored" [base, other], "level", "covers"}; value
     is the estimator's (the ratio of means, or of trimmed means)."""
-    import numpy as np
     if method not in METHODS:
         raise ValueError(f"ratio_over_seeds: method {method!r} is not one of {METHODS}")
     a, ca = _as_censored(base)
