@@ -1,4 +1,4 @@
-"""dpscale.analysis.fabric_file on real nccl-tests output (tests/data/nccl_tests, sources
+"""dpscale.analysis.fabric_file on real nccl-tests output (reference/fabrics/nccl-tests, sources
 in SOURCES.md): each file's rows, ranks and hosts, its busbw against its own `Avg bus
 bandwidth`, the column mapping against nccl-tests' definitions (algbw = size / time,
 busbw = algbw 2(n-1)/n), the fitted tiers against the file's times, the inversion of
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from dpscale.analysis import costmodel
-from dpscale.analysis import fabric_file as ff
-from dpscale.analysis import forecast as fc
+from dpscale.analysis.forecast import fabric_file as ff
+from dpscale.analysis.forecast import model as fc
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT / "tests" / "data" / "nccl_tests"
+DATA = ROOT / "reference" / "fabrics" / "nccl-tests"
 OWN = ROOT / "reference" / "h200x2" / "runs" / "allreduce" / "default" / "k2.json"
 OWN_TABLE = ROOT / "reference" / "h200" / "logs" / "gpu" / "cpu_standin" / "results" / "runs" / "allreduce" / \
     "default" / "k8.json"

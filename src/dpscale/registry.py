@@ -160,6 +160,11 @@ class Experiment:
     min_devices: int = 1              # JAX host devices a CPU stand-in must expose
     emulates: bool = False            # a k above the devices present runs emulated, not skipped
     extra_ks_key: str | None = None   # protocol key listing k's it runs beyond `ks` (emulated)
+    # What the forecast reads of it (dpscale.report.forecast): a throughput sweep ("weak" or
+    # "strong" scaling of its family), or a part of the step model ("fabric": the all-reduce
+    # sweep; "overlap": the no_sync() probe; "census": the all-reduces of a compiled step).
+    scaling: str | None = None
+    feeds: str | None = None
 
     def variant_names(self, tuned: bool = True) -> list[str]:
         return [v.name for v in self.variants if tuned or not v.tuned]
@@ -220,17 +225,17 @@ _torch, _jax = _family("torch"), _family("jax")
 _ALL = (
     _torch("ddp_weak", "DDP samples/s with the per-rank batch fixed (weak scaling)", "torch_ddp:exp_ddp_weak",
            (SEED, CACHED, TORCH_TUNED, TORCH_TUNED_FP16), every_k, THROUGHPUT + ("per_rank_batch",) + LAUNCHED, "scaling",
-           inputs=("raw", "cache", "meta")),
+           inputs=("raw", "cache", "meta"), scaling="weak"),
     _torch("ddp_strong", "DDP samples/s with the global batch fixed (strong scaling)", "torch_ddp:exp_ddp_strong",
            (SEED, CACHED, TORCH_TUNED), every_k, THROUGHPUT + ("global_batch",) + LAUNCHED, "scaling",
-           inputs=("raw", "cache", "meta")),
+           inputs=("raw", "cache", "meta"), scaling="strong"),
     _torch("ddp_comm_probe", "synced against no_sync() step time, against the cost model",
            "torch_comm:exp_comm_probe", (DEFAULT,), multi_k,
            ("image_size", "per_rank_batch", "probe_warmup", "probe_pairs"), "communication",
-           needs=(Needs("allreduce", "default", 2),)),
+           needs=(Needs("allreduce", "default", 2),), feeds="overlap"),
     _torch("allreduce", "bare all-reduce over a payload sweep, nccl-tests' protocol", "torch_comm:exp_allreduce",
            (DEFAULT, MEMCPY), multi_k, ("allreduce_MiB", "allreduce_warmup", "allreduce_iters"),
-           "communication"),
+           "communication", feeds="fabric"),
     _torch("ddp_memcpy_training", "exercise 3: DDP training with the NCCL memcpy switch",
            "torch_ddp:exp_memcpy_training", (MEMCPY_TRAINING,), book_pair,
            THROUGHPUT + ("per_rank_batch",), "communication",
@@ -242,9 +247,9 @@ _ALL = (
            (DEFAULT,), every_k, ("image_size", "per_rank_batch", "sweep_steps"), "memory"),
     _jax("jax_weak", "JAX data parallelism (Mesh, NamedSharding, jit): weak scaling", "jax_weak:exp_weak",
          (HOST, DEVICE, JAX_TUNED), every_k, THROUGHPUT + ("per_rank_batch",) + LAUNCHED, "jax",
-         inputs=("cache", "meta", "flops")),
+         inputs=("cache", "meta", "flops"), scaling="weak"),
     _jax("jax_hlo", "the all-reduces XLA inserted into the compiled step", "jax_checks:exp_hlo", (DEFAULT,),
-         multi_k, ("image_size", "train_images", "per_rank_batch"), "jax", inputs=("cache", "meta")),
+         multi_k, ("image_size", "train_images", "per_rank_batch"), "jax", inputs=("cache", "meta"), feeds="census"),
     _jax("jax_equality", "one step at k=1 against one step at k=2, and a broken step it must flag",
          "jax_checks:exp_equality", (DEFAULT,), always_two, ("image_size", "train_images", "per_rank_batch"), "jax",
          inputs=("cache", "meta"), min_devices=2),
@@ -260,6 +265,16 @@ def get(name: str) -> Experiment:
         return EXPERIMENTS[name]
     except KeyError:
         raise KeyError(f"no experiment {name!r}; the registry has {', '.join(EXPERIMENTS)}") from None
+
+
+def scaling_of(family: str, scaling: str) -> str | None:
+    """The throughput experiment of a family's weak or strong scaling, or None."""
+    return next((e.name for e in EXPERIMENTS.values() if e.family == family and e.scaling == scaling), None)
+
+
+def feeding(part: str) -> Experiment | None:
+    """The experiment that measures a part of the forecast's step model."""
+    return next((e for e in EXPERIMENTS.values() if e.feeds == part), None)
 
 
 def names(family: str | None = None) -> list[str]:

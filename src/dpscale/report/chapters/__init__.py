@@ -2,11 +2,11 @@
 provenance's one-line summary, the header), the provenance's tables last."""
 from __future__ import annotations
 
-from dpscale.report.chapters import (answer, communication, exercise6, input_pipeline, jax, memory, overview, provenance,
+from dpscale.report.chapters import (answer, communication, forecast, input_pipeline, jax, memory, overview, provenance,
                                      scaling, tta, tuned)
 
 CHAPTERS = [m.CHAPTER for m in (answer, overview, scaling, tta, input_pipeline, tuned, communication, memory,
-                                jax, exercise6, provenance)]
+                                jax, forecast, provenance)]
 
 
 def figure_specs() -> list[tuple]:

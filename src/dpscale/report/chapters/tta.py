@@ -79,7 +79,7 @@ def forecast_provider(data: ReportData, m: Machine) -> tta.Provider:
     At the forecast's per-rank batch (the throughput protocol's), which at paper scale is
     time to accuracy's too (256)."""
     f = next((f for f in forecast.compute(data) if f["machine"] == m.name), None)
-    ser = {s["variant"]: s for s in (f or {}).get("series", []) if s["framework"] == "ddp"}
+    ser = {s["variant"]: s for s in (f or {}).get("series", []) if s["family"] == "torch"}
     s = ser.get("cached") or next(iter(ser.values()), None)
     steps = {r["k"]: r.get("weak_step_ms") for r in (s or {}).get("rows", [])}
 

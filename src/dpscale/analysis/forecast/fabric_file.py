@@ -63,7 +63,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dpscale.analysis import costmodel
-from dpscale.analysis import forecast as fc
+from dpscale.analysis.forecast import model as fc
 
 TABLE, NCCL_JSON, DPSCALE = "nccl-tests table", "nccl-tests JSON", "dpscale all-reduce result"
 PLACEMENTS = ("out_of_place", "in_place")   # nccl-tests' order within a row
@@ -589,18 +589,7 @@ def fabric_tiers(sweep: Sweep, intra: fc.Fabric | None = None, *,
         how = "intra-node part neglected"
     else:
         how = f"intra-node ring ({intra.source or 'given'}) subtracted"
-    in_node = np.array([fc.ring_time(s, G, intra) for s in S])
-    share, steps = 2 * (N - 1) / N, 2 * (N - 1)
-    A = np.column_stack([share * S, np.full_like(S, steps)]) / t[:, None]
-    y = (t - in_node) / t
-    (inv_beta, alpha), *_ = np.linalg.lstsq(A, y, rcond=None)
-    if alpha < 0:   # latency below resolution: bandwidth alone, as fit_fabric
-        inv_beta, alpha = float(A[:, 0] @ y / (A[:, 0] @ A[:, 0])), 0.0
-    if not inv_beta > 0:
-        raise ValueError(f"{sweep.source}: the intra-node tier alone takes longer than the measured times "
-                         "(is it from this machine?); no across-node bandwidth fits")
-    inter = fc.Fabric(float(alpha), float(1 / inv_beta), sweep.ranks,
-                      f"across-node tier of {N} nodes x {G} fitted to {what}; {how}")
+    inter = fc.fit_internode(S, t, N, G, intra, f"across-node tier of {N} nodes x {G} fitted to {what}; {how}")
     return Tiers(intra, inter, G, N, inter.source)
 
 

@@ -19,6 +19,11 @@
   costs nothing new, and because it charges what NCCL's sharing of the SMs costs the
   backward pass (Echo, 2024) as well as what overlap hides (Li et al., VLDB 2020);
   f > 1 means the synced step costs more than the bare all-reduce of its buckets.
+  Where no probe ran at a k below the one predicted, the overlap is simulated instead
+  (overlap="simulated"): bucket i is ready once the backward has produced its bytes
+  (DDP's bucket order, the backward taken as backward_share of t_c and producing
+  gradient bytes at an even rate), the all-reduces run one after another, and what
+  runs past the backward's end is exposed (Li et al., VLDB 2020, figure 6's timeline).
 - straggler: each step waits for the slowest of k ranks. With per-rank step times
   N(mu, sigma^2), E[max of k] = mu + sigma e_k, e_k = the expected maximum of k
   standard normals (order statistics, integrated exactly: e_1 = 0, e_2 = 0.564,
@@ -97,6 +102,24 @@ def fit_fabric(sizes: list[float], times_s: list[float], k: int, source: str = "
     return Fabric(float(alpha), float(1 / inv_beta), k, source)
 
 
+def fit_internode(sizes, times_s, nodes: int, per_node: int, intra: Fabric, source: str = "") -> Fabric:
+    """alpha, beta of the across-node tier of hierarchical_time, least squares on the
+    relative error of what the measured times leave after the in-node ring of `intra`
+    (per_node 1: nothing in the node). Raises ValueError where no bandwidth fits."""
+    S, t = np.asarray(sizes, float), np.asarray(times_s, float)
+    in_node = np.array([ring_time(x, per_node, intra) for x in S])
+    share, steps = 2 * (nodes - 1) / nodes, 2 * (nodes - 1)
+    A = np.column_stack([share * S, np.full_like(S, steps)]) / t[:, None]
+    y = (t - in_node) / t
+    (inv_beta, alpha), *_ = np.linalg.lstsq(A, y, rcond=None)
+    if alpha < 0:   # latency below resolution: bandwidth alone, as fit_fabric
+        inv_beta, alpha = float(A[:, 0] @ y / (A[:, 0] @ A[:, 0])), 0.0
+    if not inv_beta > 0:
+        raise ValueError(f"{source}: the intra-node tier alone takes longer than the measured times; "
+                         "no across-node bandwidth fits")
+    return Fabric(float(alpha), float(1 / inv_beta), nodes * per_node, source)
+
+
 def ddp_buckets(grad_bytes: float) -> list[float]:
     """DDP's default buckets when they were not recorded: 1 MiB first, then 25 MiB."""
     out, left = [], float(grad_bytes)
@@ -148,6 +171,8 @@ class StepModel:
     sigma_s: float = 0.0         # per-rank step-time standard deviation
     internode: Fabric | None = None
     per_node: int = 8
+    overlap: str = "fraction"    # "fraction": exposed * T_ar; "simulated": buckets against the backward
+    backward_share: float = 2 / 3   # of t_c, for the simulation: backward ~ 2 x forward FLOPs
     notes: tuple = field(default=(), compare=False)
 
     def with_(self, **kw) -> "StepModel":
@@ -176,12 +201,37 @@ def _buckets_time(total, n, k, per_node, alpha, beta, inter, algo) -> float:
     return hierarchical_time(total, math.ceil(k / per_node), per_node, intra, Fabric(n * inter[0], inter[1], 0))
 
 
-def exposed_comm_time(m: StepModel, k: int) -> float:
+def bucket_times(m: StepModel, k: int) -> list[float]:
+    """Seconds of each of DDP's buckets' all-reduces at k, in DDP's launch order."""
+    return [allreduce_time(m.with_(buckets=(b,)), k) for b in m.buckets]
+
+
+def simulated_exposed(m: StepModel, k: int, batch: float) -> float:
+    """Exposed seconds of the buckets' all-reduces behind a backward of backward_share x
+    t_c(batch): bucket i ready when the backward has produced the bytes up to its end,
+    each all-reduce starting when its bucket is ready and the one before it is done."""
+    if k <= 1 or not m.buckets or m.fabric is None:
+        return 0.0
+    backward, total = m.backward_share * compute_time(m, batch), float(sum(m.buckets))
+    done, end = 0.0, 0.0
+    for size, t in zip(m.buckets, bucket_times(m, k)):
+        done += size
+        end = max(end, backward * done / total) + t
+    return max(0.0, end - backward)
+
+
+def exposed_comm_time(m: StepModel, k: int, batch: float) -> float:
+    if m.overlap == "simulated":
+        return simulated_exposed(m, k, batch)
     return m.exposed * allreduce_time(m, k)
 
 
+def straggler_time(m: StepModel, k: int) -> float:
+    return m.sigma_s * expected_max_normal(k)
+
+
 def step_time(m: StepModel, batch: float, k: int) -> float:
-    return compute_time(m, batch) + exposed_comm_time(m, k) + m.sigma_s * expected_max_normal(k)
+    return compute_time(m, batch) + exposed_comm_time(m, k, batch) + straggler_time(m, k)
 
 
 def weak_efficiency(m: StepModel, batch: float, k: int) -> float:

@@ -17,7 +17,7 @@ def _series(data: ReportData):
     for m in data.machines:
         f = by.get(m.name)
         s = fcr.primary(f) if f else None
-        if s and s["beta_busbw_GBps"] is not None:
+        if s and any(r.get("weak_efficiency") is not None for r in s["rows"] if r["k"] > 1):
             yield m, f, s
 
 
@@ -82,7 +82,8 @@ def forecast_efficiency(data: ReportData):
 
 def _legend(cfg: dict, knee_at) -> list[tuple]:
     grey = "#555"
-    out = [(Line2D([], [], color=grey, lw=6, alpha=0.25), f"band: {100 * cfg['band_level']:.0f}% bootstrap interval"),
+    out = [(Line2D([], [], color=grey, lw=6, alpha=0.25), f"band: where {100 * cfg['band_level']:.0f}% of measurements "
+                                                          "should fall"),
            (Line2D([], [], color=grey, marker="o", ms=8, mec="black", ls="none"), "measured"),
            (Line2D([], [], color=grey, marker="o", mfc="white", ls="-"), "predicted")]
     if knee_at is not None:

@@ -1,0 +1,107 @@
+"""Predictions of one series: efficiency, step time and overhead at a k, with the band
+(dpscale.analysis.forecast.fit says what a band covers), and the grid: k = 1..G in one
+node, then 2..max_nodes nodes of G.
+
+Efficiency: weak e(k) = t(B, 1) / t(B, k); strong e(k) = t(G, 1) / (k t(G/k, k)).
+Overhead: what a step at k costs beyond its compute, t(b, k) - t_c(b), in ms.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dpscale.analysis.forecast import fit, model as fc
+from dpscale.analysis.forecast.inputs import Series
+
+SCALINGS = ("weak", "strong")
+
+
+def point(m: fc.StepModel, s: Series, scaling: str, k: int) -> dict | None:
+    """{efficiency, step_ms, overhead_ms, compute_ms, exposed_comm_ms, straggler_ms} at k."""
+    batch, full = s.batch(scaling, k), s.batch(scaling, 1)
+    if not batch or not full or batch < 1:
+        return None
+    t, t1 = fc.step_time(m, batch, k), fc.step_time(m, full, 1)
+    eff = t1 / t if scaling == "weak" else t1 / (k * t)
+    comm, strag = fc.exposed_comm_time(m, k, batch), fc.straggler_time(m, k)
+    return {"efficiency": eff, "step_ms": 1e3 * t, "overhead_ms": 1e3 * (comm + strag),
+            "compute_ms": 1e3 * fc.compute_time(m, batch), "exposed_comm_ms": 1e3 * comm, "straggler_ms": 1e3 * strag,
+            "allreduce_ring_ms": 1e3 * fc.allreduce_time(m, k), "allreduce_tree_ms": 1e3 * fc.allreduce_time(m, k, fc.tree_time)}
+
+
+def band(s: Series, scaling: str, k: int, rule: str, given: fit.Given, cfg: dict, *, nodes: int = 1,
+         per_node: int = 8, keys=("efficiency", "step_ms")) -> dict:
+    """{key_lo, key_hi} of each key at k (fit's band), or {"band_none": why}."""
+    if fit.measured_once(s):
+        return {"band_none": "no input was measured more than once"}
+    rng = np.random.default_rng(cfg["seed"])
+    cv = fit.spread(s) or 0.0
+    draws = {key: [] for key in keys}
+    for _ in range(int(cfg["bootstrap_draws"])):
+        built = fit.build(s, k, rule, given, rng, nodes=nodes, per_node=per_node)
+        p = point(built[0], s, scaling, k) if built else None
+        if p is None:
+            return {"band_none": "no model at k"}
+        noise = float(np.exp(cv * rng.standard_normal()))   # one measurement's spread on the rate at k
+        for key in keys:   # a rate noise-times higher: efficiency up, step time down
+            draws[key].append(p[key] * noise if key == "efficiency" else p[key] / noise)
+    tail = 100 * (1 - cfg["band_level"]) / 2
+    out = {}
+    for key, vs in draws.items():
+        lo, hi = np.percentile(vs, [tail, 100 - tail])
+        out.update({f"{key}_lo": float(lo), f"{key}_hi": float(hi)})
+    return out
+
+
+def grid_ks(cfg: dict) -> list[tuple[int, int]]:
+    """(k, nodes): 1..G in one node, then 2..max_nodes nodes of G."""
+    g = int(cfg["gpus_per_node"])
+    return [(k, 1) for k in range(1, g + 1)] + [(n * g, n) for n in range(2, int(cfg["max_nodes"]) + 1)]
+
+
+def grid_row(s: Series, k: int, nodes: int, given: fit.Given, cfg: dict) -> dict:
+    g = int(cfg["gpus_per_node"])
+    built = fit.build(s, k, "any", given, nodes=nodes, per_node=g)
+    row = {"k": k, "nodes": nodes}
+    if built is None:
+        return row
+    m, used = built
+    if k > 1 and (m.fabric is None or (nodes > 1 and m.internode is None)):
+        row["why_none"] = "no in-node fabric measured" if m.fabric is None else "no across-node fabric measured"
+        return row
+    for scaling in SCALINGS:
+        p = point(m, s, scaling, k)
+        if p:
+            row.update({f"{scaling}_{key}": v for key, v in p.items() if key in ("efficiency", "step_ms")})
+            row.update({key: v for key, v in p.items() if key not in ("efficiency", "step_ms")} if scaling == "weak"
+                       else {})
+            if k > 1:
+                bd = band(s, scaling, k, "any", given, cfg, nodes=nodes, per_node=g)
+                row.update({f"{scaling}_{key}": v for key, v in bd.items()})
+    row["inputs"] = sorted({u.text() for u in used})
+    return row
+
+
+def grid(s: Series, given: fit.Given, cfg: dict) -> list[dict]:
+    """One row per (k, nodes) of the grid: predicted efficiency and step time per scaling,
+    with bands, and where a point was measured, its measured efficiency."""
+    rows = []
+    for k, nodes in grid_ks(cfg):
+        row = grid_row(s, k, nodes, given, cfg)
+        for scaling in SCALINGS:
+            row[f"{scaling}_measured"] = measured_efficiency(s, scaling, k) if nodes == s.nodes_at(k) else None
+        row["point"] = "measured" if row.get("weak_measured") is not None else "predicted"
+        rows.append(row)
+    return rows
+
+
+def measured_efficiency(s: Series, scaling: str, k: int) -> float | None:
+    """samples/s(k) / (k samples/s(1)), each the total samples over total time of its replicates."""
+    rates = s.rates(scaling)
+    if 1 not in rates or k not in rates:
+        return None
+    return rates[k].estimate() / (k * rates[1].estimate())
+
+
+def knee(rows: list[dict], key: str, threshold: float) -> int | None:
+    pts = [(r["k"], r[key]) for r in rows if r.get(key) is not None]
+    return fc.knee([k for k, _ in pts], [e for _, e in pts], threshold) if pts else None
