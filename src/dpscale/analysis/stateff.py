@@ -48,7 +48,7 @@ def crossing(curve: list[dict], target: float, eval_seconds: float = 0.0,
         exactly at the target), "starts_above" (the first evaluation is already at or
         above it), "never" (no evaluation reaches it: right-censored);
       mlperf: the first evaluation at or above the target, as it is ({samples,
-        seconds, accuracy}; None when never) - MLPerf's value, kept unchanged;
+        seconds, accuracy, epochs}; None when never) - MLPerf's value, kept unchanged;
       samples, seconds (and epochs with train_images): the interpolated crossing;
       bracket_samples: [last evaluation below, first at or above] and
       resolution_samples, its width; fraction: where in the bracket it falls;
@@ -78,11 +78,7 @@ def crossing(curve: list[dict], target: float, eval_seconds: float = 0.0,
     Given (a run's eval_s / evaluations), the training time inside the bracket is
     interpolated and one evaluation is added, which is what the clock would have read
     had an evaluation been placed at the crossing."""
-    pts = list(curve)
-    for p, q in zip(pts, pts[1:]):
-        if q["samples"] <= p["samples"]:
-            raise ValueError(f"crossing: the curve's samples must increase ({p['samples']} then {q['samples']})")
-    ep = (lambda s: s / train_images if train_images and s is not None else None)
+    pts = _increasing(curve)
     out = {"target": target, "status": "never", "mlperf": None, "samples": None, "seconds": None, "epochs": None,
            "bracket_samples": None, "resolution_samples": None, "fraction": None,
            "best_accuracy": max((p["accuracy"] for p in pts), default=None),
@@ -93,21 +89,40 @@ def crossing(curve: list[dict], target: float, eval_seconds: float = 0.0,
     first = pts[i]
     out.update(mlperf={k: first[k] for k in ("samples", "seconds", "accuracy")}, censored_samples=None,
                censored_seconds=None)
-    out["mlperf"]["epochs"] = ep(first["samples"])
-    if i == 0:
-        out.update(status="starts_above", samples=float(first["samples"]), seconds=float(first["seconds"]),
-                   bracket_samples=[0, first["samples"]], resolution_samples=float(first["samples"]))
-    else:
-        prev = pts[i - 1]
-        f = (target - prev["accuracy"]) / (first["accuracy"] - prev["accuracy"])   # > 0: prev below, first at/above
-        train_dt = first["seconds"] - prev["seconds"] - eval_seconds
-        out.update(status="exact" if first["accuracy"] == target else "interpolated", fraction=f,
-                   samples=prev["samples"] + f * (first["samples"] - prev["samples"]),
-                   seconds=prev["seconds"] + f * train_dt + eval_seconds,
-                   bracket_samples=[prev["samples"], first["samples"]],
-                   resolution_samples=float(first["samples"] - prev["samples"]))
-    out["epochs"] = ep(out["samples"])
+    out["mlperf"]["epochs"] = _epochs(first["samples"], train_images)
+    out.update(_from_start(first) if i == 0 else _between(pts[i - 1], first, target, eval_seconds))
+    out["epochs"] = _epochs(out["samples"], train_images)
     return out
+
+
+def _increasing(curve: list[dict]) -> list[dict]:
+    """The curve as a list; ValueError unless its samples strictly increase."""
+    pts = list(curve)
+    for p, q in zip(pts, pts[1:]):
+        if q["samples"] <= p["samples"]:
+            raise ValueError(f"crossing: the curve's samples must increase ({p['samples']} then {q['samples']})")
+    return pts
+
+
+def _epochs(samples, train_images: int | None) -> float | None:
+    return samples / train_images if train_images and samples is not None else None
+
+
+def _from_start(first: dict) -> dict:
+    """crossing's fields for a curve whose first evaluation is at or above the target."""
+    return {"status": "starts_above", "samples": float(first["samples"]), "seconds": float(first["seconds"]),
+            "bracket_samples": [0, first["samples"]], "resolution_samples": float(first["samples"])}
+
+
+def _between(prev: dict, first: dict, target: float, eval_seconds: float) -> dict:
+    """crossing's fields interpolated between the last evaluation below the target and the first at or above."""
+    f = (target - prev["accuracy"]) / (first["accuracy"] - prev["accuracy"])   # > 0: prev below, first at/above
+    train_dt = first["seconds"] - prev["seconds"] - eval_seconds
+    return {"status": "exact" if first["accuracy"] == target else "interpolated", "fraction": f,
+            "samples": prev["samples"] + f * (first["samples"] - prev["samples"]),
+            "seconds": prev["seconds"] + f * train_dt + eval_seconds,
+            "bracket_samples": [prev["samples"], first["samples"]],
+            "resolution_samples": float(first["samples"] - prev["samples"])}
 
 
 def seed_rows(runs: list[dict], target: float, train_images: int | None = None,
@@ -131,17 +146,22 @@ def seed_rows(runs: list[dict], target: float, train_images: int | None = None,
 
 # ---------------------------------------------------------------- b. intervals over seeds
 
+def _reached(v: float | None) -> bool:
+    """Whether a seed's value says it reached the target: None, nan and inf say it did not."""
+    return v is not None and math.isfinite(v)
+
+
 def _as_censored(values: Iterable[float | None]):
     """Per-seed values as a float array, a seed that never reached the target (None,
     nan or inf) as +inf: slower than every seed that did."""
     import numpy as np
-    a = np.array([INF if v is None or (isinstance(v, float) and math.isnan(v)) else float(v) for v in values])
+    a = np.array([float(v) if _reached(v) else INF for v in values])
     return a, int(np.isinf(a).sum())
 
 
 def olympic(values: Iterable[float | None]) -> float | None:
     """MLPerf's score of per-seed values (None = not reached): tta.score's value."""
-    runs = [{"seed": i, "converged": v is not None and math.isfinite(v), "x_to_target": v}
+    runs = [{"seed": i, "converged": _reached(v), "x_to_target": v}
             for i, v in enumerate(values)]
     return tta.score(runs, "x")["value"]
 
@@ -166,11 +186,20 @@ def trimmed(values: Iterable[float | None]) -> dict | None:
     return {"value": float(s[1:-1].mean()), "var": var, "h": h, "n": n, "censored": cens}
 
 
+def _percentiles(draws, level: float) -> tuple[float, float]:
+    """The central `level` percentile interval of Monte Carlo draws."""
+    import numpy as np
+    lo, hi = np.percentile(draws, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)
+
+
 def _bootstrap_olympic(a, b, level: float, draws: int, seed: int):
     """Percentile interval of olympic(a*) / olympic(b*) over seeds resampled with
     replacement on each side; a resample with two or more censored seeds has no score
-    and is left out. The candidate the coverage simulation rejects (it is too narrow at
-    n = 5: tests/test_stateff.py), kept for that comparison."""
+    and is left out, and with fewer than half the draws scored there is no interval.
+    Returns ratio_over_seeds's ci_lo, ci_hi and method. The candidate the coverage
+    simulation rejects (it is too narrow at n = 5: tests/test_stateff.py), kept for
+    that comparison."""
     import numpy as np
     rng = np.random.default_rng(seed)
 
@@ -180,10 +209,9 @@ def _bootstrap_olympic(a, b, level: float, draws: int, seed: int):
         return np.where(np.isinf(s).any(axis=1), np.nan, s.mean(axis=1))
     r = scores(a) / scores(b)
     r = r[np.isfinite(r)]
-    if r.size < draws // 2:
-        return None, None
-    lo, hi = np.percentile(r, [50 * (1 - level), 50 * (1 + level)])
-    return float(lo), float(hi)
+    lo, hi = _percentiles(r, level) if r.size >= draws // 2 else (None, None)
+    return {"ci_lo": lo, "ci_hi": hi,
+            "method": f"bootstrap of MLPerf's score over seeds ({draws} resamples, percentile)"}
 
 
 METHODS = ("auto", "fieller_means", "fieller_trimmed", "bootstrap_olympic")
@@ -236,31 +264,38 @@ def ratio_over_seeds(base, other, level: float = LEVEL, method: str = "auto", dr
     if method == "auto":
         method = "fieller_means" if ca == cb == 0 else "fieller_trimmed"
     if method == "fieller_means":
-        if ca or cb:
-            out["method"] = "Fieller on means: no interval, a seed did not reach the target (use fieller_trimmed)"
-            return out
-        r = stats.ratio_ci(a, b, level=level, covers=SEEDS)
-        out.update(value=r["value"], ci_lo=r["ci_lo"], ci_hi=r["ci_hi"], method="Fieller on means: " + r["method"])
-        return out
-    if method == "bootstrap_olympic":
-        out["value"] = out["mlperf_value"]
-        lo, hi = _bootstrap_olympic(a, b, level, draws, seed)
-        out.update(ci_lo=lo, ci_hi=hi, method=f"bootstrap of MLPerf's score over seeds ({draws} resamples, percentile)")
-        return out
+        out.update(_fieller_means(a, b, ca, cb, level))
+    elif method == "fieller_trimmed":
+        out.update(_fieller_trimmed(a, b, ca, cb, level))
+    else:
+        out.update(_bootstrap_olympic(a, b, level, draws, seed), value=out["mlperf_value"])
+    return out
+
+
+def _fieller_means(a, b, ca: int, cb: int, level: float) -> dict:
+    """ratio_over_seeds's fields by Fieller on the seeds' means: no interval when a seed
+    on either side did not reach the target (ca, cb censored)."""
+    if ca or cb:
+        return {"method": "Fieller on means: no interval, a seed did not reach the target (use fieller_trimmed)"}
+    r = stats.ratio_ci(a, b, level=level, covers=SEEDS)
+    return {"value": r["value"], "ci_lo": r["ci_lo"], "ci_hi": r["ci_hi"], "method": "Fieller on means: " + r["method"]}
+
+
+def _fieller_trimmed(a, b, ca: int, cb: int, level: float) -> dict:
+    """ratio_over_seeds's fields by Fieller on the trimmed means (trimmed()), independent
+    sides, Welch-Satterthwaite df on h - 1 a side."""
     ta, tb = trimmed(list(a)), trimmed(list(b))
     if ta is None or tb is None:
-        out["method"] = ("Fieller on trimmed means: no interval (needs at least 5 seeds a side and at most one "
-                         f"that did not reach the target; censored {ca} and {cb})")
-        return out
+        return {"method": "Fieller on trimmed means: no interval (needs at least 5 seeds a side and at most one "
+                          f"that did not reach the target; censored {ca} and {cb})"}
     theta = ta["value"] / tb["value"]
     va, vb = ta["var"], tb["var"]
     den = va * va / (ta["h"] - 1) + theta ** 4 * vb * vb / (tb["h"] - 1)
     df = (va + theta * theta * vb) ** 2 / den if den > 0 else float(ta["h"] + tb["h"] - 2)
     lo, hi = stats.fieller(ta["value"], tb["value"], va, vb, 0.0, df, level)
-    out.update(value=theta, ci_lo=lo, ci_hi=hi,
-               method=f"Fieller on trimmed means (Yuen, {a.size} vs {b.size} seeds, censored {ca} and {cb}, "
-                      f"Welch df {df:.1f})" + ("" if lo is not None else ": unbounded"))
-    return out
+    return {"value": theta, "ci_lo": lo, "ci_hi": hi,
+            "method": f"Fieller on trimmed means (Yuen, {a.size} vs {b.size} seeds, censored {ca} and {cb}, "
+                      f"Welch df {df:.1f})" + ("" if lo is not None else ": unbounded")}
 
 
 def statistical_efficiency(samples_k1, samples_k, **kw) -> dict:
@@ -400,11 +435,11 @@ def _points(points) -> tuple[list[float], list[float], dict]:
     xs, ys, cens = [], [], {}
     for B, vals in sorted(points.items()):
         for v in vals:
-            if v is None or not math.isfinite(v):
-                cens[B] = cens.get(B, 0) + 1
-            else:
+            if _reached(v):
                 xs.append(float(B))
                 ys.append(float(v))
+            else:
+                cens[B] = cens.get(B, 0) + 1
     return xs, ys, cens
 
 
@@ -436,11 +471,10 @@ def fit_batch_model(points: dict, weighting: str = "cv", level: float = LEVEL, s
     is not distinguishable from 0 the upper end is inf (no batch-size cost resolved).
     covers: independent seeded launches.
 
-    Returns {"E_min", "S_min", "B_crit": {"value", "ci_lo", "ci_hi"}, "coef" [a, b],
+    Returns {"E_min", "S_min", "B_crit": {"value", "ci_lo", "ci_hi", "note"}, "coef" [a, b],
     "cov" (2 x 2), "df", "sigma" (per-seed spread: a cv for "cv", samples for "ols"),
     "weighting", "n", "batches", "censored", "sources", "level", "covers"}."""
     import numpy as np
-    from scipy import stats as sps
     if weighting not in WEIGHTINGS:
         raise ValueError(f"fit_batch_model: weighting {weighting!r} is not one of {WEIGHTINGS}")
     xs, ys, cens = _points(points)
@@ -449,6 +483,23 @@ def fit_batch_model(points: dict, weighting: str = "cv", level: float = LEVEL, s
     if len(batches) < 2 or x.size < 3:
         raise ValueError(f"fit_batch_model: needs 2 batch sizes and 3 converged seeds (got batches {batches}, "
                          f"{x.size} seeds)")
+    coef, cov, s2 = _least_squares(x, y, weighting)
+    df = x.size - 2
+    t = _t_quantile(level, df)
+    a, b = float(coef[0]), float(coef[1])
+    va, vb, cab = float(cov[0, 0]), float(cov[1, 1]), float(cov[0, 1])
+    src = {int(B): (sources or {}).get(B, "measured") for B in batches}
+    return {"E_min": _t_interval(a, math.sqrt(va), t), "S_min": _t_interval(b, math.sqrt(vb), t),
+            "B_crit": _b_crit(a, b, va, vb, cab, df, level), "coef": [a, b], "cov": cov.tolist(), "df": df,
+            "sigma": math.sqrt(s2), "weighting": weighting, "n": int(x.size), "batches": batches,
+            "censored": {int(k): v for k, v in cens.items()}, "sources": src, "level": level, "covers": SEEDS}
+
+
+def _least_squares(x, y, weighting: str):
+    """fit_batch_model's line y = a + b x: the coefficients, their covariance and the
+    residual variance (weighted, n - 2 df). "cv" iterates the weights 1 / mean^2 from
+    the fitted mean until they settle (at most 50 rounds); "ols" stops at equal weights."""
+    import numpy as np
     X = np.column_stack([np.ones_like(x), x])
     w = np.ones_like(x)
     for _ in range(50):
@@ -462,30 +513,34 @@ def fit_batch_model(points: dict, weighting: str = "cv", level: float = LEVEL, s
         if np.allclose(w_new, w, rtol=1e-12, atol=0):
             break
         w = w_new
-    df = x.size - 2
     resid = y - X @ coef
-    s2 = float(np.sum(w * resid ** 2) / df)
-    cov = s2 * np.linalg.inv(X.T @ (w[:, None] * X))
-    t = float(sps.t.ppf(0.5 + level / 2, df))
-    a, b = float(coef[0]), float(coef[1])
-    va, vb, cab = float(cov[0, 0]), float(cov[1, 1]), float(cov[0, 1])
-    inv_lo, inv_hi = stats.fieller(b, a, vb, va, cab, df, level)     # 1 / B_crit = b / a
+    s2 = float(np.sum(w * resid ** 2) / (x.size - 2))
+    return coef, s2 * np.linalg.inv(X.T @ (w[:, None] * X)), s2
+
+
+def _t_quantile(level: float, df: float) -> float:
+    """Student's t multiplier of a standard error for a two-sided `level` interval."""
+    from scipy import stats as sps
+    return float(sps.t.ppf(0.5 + level / 2, df))
+
+
+def _t_interval(value: float, sd: float, t: float) -> dict:
+    """value +- t sd."""
+    return {"value": value, "ci_lo": value - t * sd, "ci_hi": value + t * sd}
+
+
+def _b_crit(a: float, b: float, va: float, vb: float, cab: float, df: int, level: float) -> dict:
+    """B_crit = a / b with Fieller's interval for b / a (1 / B_crit) inverted, and a note
+    where that interval leaves B_crit unbounded or undefined."""
+    inv_lo, inv_hi = stats.fieller(b, a, vb, va, cab, df, level)
     if inv_lo is None:
-        bc = {"value": a / b if b > 0 else INF, "ci_lo": None, "ci_hi": None,
-              "note": "unbounded: E_min not distinguishable from 0"}
-    elif inv_hi <= 0:
-        bc = {"value": None, "ci_lo": None, "ci_hi": None,
-              "note": "E falls with B over the measured batches: no critical batch"}
-    else:
-        bc = {"value": a / b if b > 0 else INF, "ci_lo": 1.0 / inv_hi, "ci_hi": 1.0 / inv_lo if inv_lo > 0 else INF,
-              "note": "" if inv_lo > 0 else "b not distinguishable from 0: no upper bound"}
-    sd_a, sd_b = math.sqrt(va), math.sqrt(vb)
-    src = {int(B): (sources or {}).get(B, "measured") for B in batches}
-    return {"E_min": {"value": a, "ci_lo": a - t * sd_a, "ci_hi": a + t * sd_a},
-            "S_min": {"value": b, "ci_lo": b - t * sd_b, "ci_hi": b + t * sd_b},
-            "B_crit": bc, "coef": [a, b], "cov": cov.tolist(), "df": df, "sigma": math.sqrt(s2),
-            "weighting": weighting, "n": int(x.size), "batches": batches,
-            "censored": {int(k): v for k, v in cens.items()}, "sources": src, "level": level, "covers": SEEDS}
+        return {"value": a / b if b > 0 else INF, "ci_lo": None, "ci_hi": None,
+                "note": "unbounded: E_min not distinguishable from 0"}
+    if inv_hi <= 0:
+        return {"value": None, "ci_lo": None, "ci_hi": None,
+                "note": "E falls with B over the measured batches: no critical batch"}
+    return {"value": a / b if b > 0 else INF, "ci_lo": 1.0 / inv_hi, "ci_hi": 1.0 / inv_lo if inv_lo > 0 else INF,
+            "note": "" if inv_lo > 0 else "b not distinguishable from 0: no upper bound"}
 
 
 def predict(fit: dict, batch: float, n_seeds: int = 1, level: float | None = None) -> dict:
@@ -499,14 +554,13 @@ def predict(fit: dict, batch: float, n_seeds: int = 1, level: float | None = Non
     B): the band a new measurement of n seeds should fall in, so the one holdout()
     checks against."""
     import numpy as np
-    from scipy import stats as sps
     level = fit["level"] if level is None else level
     x = np.array([1.0, float(batch)])
     cov = np.array(fit["cov"])
     mean = float(x @ np.array(fit["coef"]))
     se = math.sqrt(float(x @ cov @ x))
     sd_seed = fit["sigma"] * mean if fit["weighting"] == "cv" else fit["sigma"]
-    t = float(sps.t.ppf(0.5 + level / 2, fit["df"]))
+    t = _t_quantile(level, fit["df"])
     sp = math.sqrt(se * se + sd_seed * sd_seed / n_seeds)
     return {"batch": float(batch), "mean": mean, "se": se, "conf_lo": mean - t * se, "conf_hi": mean + t * se,
             "pred_lo": mean - t * sp, "pred_hi": mean + t * sp, "sd_seed": sd_seed, "n_seeds": n_seeds,
@@ -535,7 +589,7 @@ def holdout(points: dict, predict_batch: float, fit_batches: Iterable[float] | N
     fb = sorted(fit_batches) if fit_batches is not None else [B for B in points if B < predict_batch]
     fit = fit_batch_model({B: points[B] for B in fb}, weighting=weighting, level=level)
     vals = points.get(predict_batch, [])
-    conv = [float(v) for v in vals if v is not None and math.isfinite(v)]
+    conv = [float(v) for v in vals if _reached(v)]
     cens = len(vals) - len(conv)
     pred = predict(fit, predict_batch, n_seeds=max(len(conv), 1))
     out = {"predict_batch": predict_batch, "fit_batches": fb, "fit": fit, "predicted": pred, "measured_mean": None,
@@ -548,7 +602,7 @@ def holdout(points: dict, predict_batch: float, fit_batches: Iterable[float] | N
                    inside_band=pred["pred_lo"] <= m <= pred["pred_hi"])
     if budget is not None:
         one = predict(fit, predict_batch, n_seeds=1)
-        sp = (one["pred_hi"] - one["mean"]) / float(sps.t.ppf(0.5 + level / 2, fit["df"]))
+        sp = (one["pred_hi"] - one["mean"]) / _t_quantile(level, fit["df"])
         p = float(sps.t.sf((budget - one["mean"]) / sp, fit["df"]))
         out["p_seed_over_budget"] = p
         out["p_censored_as_seen"] = float(sps.binom.sf(cens - 1, len(vals), p)) if vals else None
@@ -592,9 +646,9 @@ def compare_b_crit(fit: dict, noise: dict, level: float = LEVEL, draws: int = 20
         bc = np.where(ab[:, 1] > 0, ab[:, 0] / ab[:, 1], np.inf)
         bs = np.where(tg[:, 1] > 0, tg[:, 0] / tg[:, 1], np.inf)
         r = np.where(np.isinf(bs), 0.0, bc / bs)
-    lo, hi = np.percentile(r, [50 * (1 - level), 50 * (1 + level)])
+    lo, hi = _percentiles(r, level)
     ratio = out["b_crit"] / out["b_simple"]
-    out.update(ratio=ratio, ci_lo=float(lo), ci_hi=float(hi), log10_ratio=math.log10(ratio) if ratio > 0 else None,
+    out.update(ratio=ratio, ci_lo=lo, ci_hi=hi, log10_ratio=math.log10(ratio) if ratio > 0 else None,
                same_order=abs(math.log10(ratio)) <= 1 if ratio > 0 and math.isfinite(ratio) else False)
     return out
 
@@ -641,53 +695,75 @@ def tta_forecast(fit: dict, ks: Iterable[int], per_rank_batch: int, throughput: 
     that batch, and which), samples_per_s, samples_per_s_lo, samples_per_s_hi,
     samples_per_s_input, time_s, time_s_lo, time_s_hi, gpu_hours (k x time),
     gpu_hours_lo, gpu_hours_hi, speedup (time at k=1 / time at k, when k=1 is among
-    ks) with speedup_lo, speedup_hi, p_fastest, p_cheapest], "fastest_k",
+    ks with a samples/s) with speedup_lo, speedup_hi, p_fastest, p_cheapest], "fastest_k",
     "cheapest_k" (at the point values), "level", "draws", "covers", "method"}."""
     import numpy as np
     ks = sorted(int(k) for k in ks)
     rng = np.random.default_rng(seed)
     ab = _mvt(rng, fit["coef"], fit["cov"], fit["df"], draws)
-    lo_q, hi_q = 50 * (1 - level), 50 * (1 + level)
-    cols, rows = {}, []
+    rows, times = [], {}
     for k in ks:
         B = k * per_rank_batch
         p = predict(fit, B, level=level)
+        row = _untimed_row(k, B, p)
         spec = throughput.get(k)
-        n_d = ab[:, 0] + ab[:, 1] * B
-        row = {"k": k, "global_batch": B, "samples": p["mean"], "samples_lo": p["conf_lo"], "samples_hi": p["conf_hi"],
-               "samples_input": p["source"], "samples_per_s": None, "samples_per_s_lo": None, "samples_per_s_hi": None,
-               "samples_per_s_input": "not measured", "time_s": None, "time_s_lo": None, "time_s_hi": None,
-               "gpu_hours": None, "gpu_hours_lo": None, "gpu_hours_hi": None, "speedup": None, "speedup_lo": None,
-               "speedup_hi": None, "p_fastest": None, "p_cheapest": None}
         if spec and spec.get("value", spec.get("draws")) is not None:
-            s_d = _throughput_draws(rng, spec, draws)
-            v = spec["value"] if spec.get("value") is not None else float(np.median(s_d))
-            t_d = n_d / s_d + eval_s_per_sample * n_d
-            t = p["mean"] / v + eval_s_per_sample * p["mean"]
-            slo, shi = (np.percentile(s_d, [lo_q, hi_q]) if spec.get("draws") is not None
-                        else (spec.get("lo"), spec.get("hi")))
-            tlo, thi = np.percentile(t_d, [lo_q, hi_q])
-            row.update(samples_per_s=float(v), samples_per_s_lo=None if slo is None else float(slo),
-                       samples_per_s_hi=None if shi is None else float(shi),
-                       samples_per_s_input=spec.get("source", "given"), time_s=t, time_s_lo=float(tlo),
-                       time_s_hi=float(thi), gpu_hours=k * t / 3600, gpu_hours_lo=k * float(tlo) / 3600,
-                       gpu_hours_hi=k * float(thi) / 3600)
-            cols[k] = t_d
+            timing, times[k] = _time_to_target(k, p["mean"], ab[:, 0] + ab[:, 1] * B, spec, eval_s_per_sample,
+                                               level, rng)
+            row.update(timing)
         rows.append(row)
-    timed = [k for k in ks if k in cols]
-    if timed:
-        T = np.column_stack([cols[k] for k in timed])
-        G = T * np.array(timed, float)[None, :]
-        fast, cheap = np.bincount(T.argmin(1), minlength=len(timed)), np.bincount(G.argmin(1), minlength=len(timed))
-        for i, k in enumerate(timed):
-            r = next(r for r in rows if r["k"] == k)
-            r.update(p_fastest=float(fast[i] / draws), p_cheapest=float(cheap[i] / draws))
-            if 1 in cols:
-                sp = cols[1] / cols[k]
-                lo, hi = np.percentile(sp, [lo_q, hi_q])
-                r1 = next(r for r in rows if r["k"] == 1)
-                r.update(speedup=r1["time_s"] / r["time_s"], speedup_lo=float(lo), speedup_hi=float(hi))
-    best = lambda key: min((r for r in rows if r[key] is not None), key=lambda r: r[key], default={}).get("k")
-    return {"rows": rows, "fastest_k": best("time_s"), "cheapest_k": best("gpu_hours"), "level": level,
-            "draws": draws, "covers": f"{SEEDS} (samples to target); the throughput band as given",
+    _compare_ks(rows, times, level)
+    return {"rows": rows, "fastest_k": _best_k(rows, "time_s"), "cheapest_k": _best_k(rows, "gpu_hours"),
+            "level": level, "draws": draws, "covers": f"{SEEDS} (samples to target); the throughput band as given",
             "method": "Monte Carlo: the fit's (a, b) and samples/s(k) drawn independently; percentile bands"}
+
+
+def _untimed_row(k: int, batch: int, p: dict) -> dict:
+    """tta_forecast's row at k from predict()'s samples to target, its time fields empty."""
+    return {"k": k, "global_batch": batch, "samples": p["mean"], "samples_lo": p["conf_lo"],
+            "samples_hi": p["conf_hi"], "samples_input": p["source"], "samples_per_s": None, "samples_per_s_lo": None,
+            "samples_per_s_hi": None, "samples_per_s_input": "not measured", "time_s": None, "time_s_lo": None,
+            "time_s_hi": None, "gpu_hours": None, "gpu_hours_lo": None, "gpu_hours_hi": None, "speedup": None,
+            "speedup_lo": None, "speedup_hi": None, "p_fastest": None, "p_cheapest": None}
+
+
+def _time_to_target(k: int, samples: float, samples_d, spec: dict, eval_s_per_sample: float, level: float, rng):
+    """A row's samples/s and time fields at k, and the time draws: samples to target
+    (the point, and one draw per draw of the fit) over samples/s drawn from `spec`."""
+    import numpy as np
+    s_d = _throughput_draws(rng, spec, samples_d.size)
+    v = spec["value"] if spec.get("value") is not None else float(np.median(s_d))
+    t_d = samples_d / s_d + eval_s_per_sample * samples_d
+    t = samples / v + eval_s_per_sample * samples
+    slo, shi = _percentiles(s_d, level) if spec.get("draws") is not None else (spec.get("lo"), spec.get("hi"))
+    tlo, thi = _percentiles(t_d, level)
+    return {"samples_per_s": float(v), "samples_per_s_lo": None if slo is None else float(slo),
+            "samples_per_s_hi": None if shi is None else float(shi), "samples_per_s_input": spec.get("source", "given"),
+            "time_s": t, "time_s_lo": tlo, "time_s_hi": thi, "gpu_hours": k * t / 3600, "gpu_hours_lo": k * tlo / 3600,
+            "gpu_hours_hi": k * thi / 3600}, t_d
+
+
+def _compare_ks(rows: list[dict], times: dict, level: float) -> None:
+    """Fills, on the same joint draws, each timed row's p_fastest and p_cheapest (the
+    share of draws where its k has the least time, or GPU-hours) and, when k=1 is
+    timed, its speed-up over k=1 with a percentile band."""
+    import numpy as np
+    timed = [r["k"] for r in rows if r["k"] in times]
+    if not timed:
+        return
+    T = np.column_stack([times[k] for k in timed])
+    G = T * np.array(timed, float)[None, :]
+    fast, cheap = np.bincount(T.argmin(1), minlength=len(timed)), np.bincount(G.argmin(1), minlength=len(timed))
+    draws = T.shape[0]
+    for i, k in enumerate(timed):
+        r = next(r for r in rows if r["k"] == k)
+        r.update(p_fastest=float(fast[i] / draws), p_cheapest=float(cheap[i] / draws))
+        if 1 in times:
+            lo, hi = _percentiles(times[1] / times[k], level)
+            r1 = next(r for r in rows if r["k"] == 1)
+            r.update(speedup=r1["time_s"] / r["time_s"], speedup_lo=lo, speedup_hi=hi)
+
+
+def _best_k(rows: list[dict], key: str) -> int | None:
+    """The k whose `key` is least among the rows that have one."""
+    return min((r for r in rows if r[key] is not None), key=lambda r: r[key], default={}).get("k")
