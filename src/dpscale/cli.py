@@ -103,9 +103,12 @@ def add_forecast_parser(sub) -> None:
                    help=f"the book's numbers, one more machine (default: {bookmod.SOURCE})")
     f.add_argument("--no-book", action="store_true", help="leave the book out")
     f.add_argument("--json", type=Path, default=None, help="also write the forecast JSON here")
-    for key, kind, what in (("internode_GBps", float, "GB/s into the fabric between nodes, per node"),
-                            ("internode_alpha_us", float, "latency between nodes, us"),
-                            ("gpus_per_node", int, "devices per node"), ("max_nodes", int, "most nodes"),
+    f.add_argument("--fabric", type=Path, action="append", default=None, metavar="FILE",
+                   help="a measured all-reduce for the tiers a machine lacks: nccl-tests' all_reduce_perf output "
+                        "(the printed table or -J JSON) or an all-reduce result JSON; one host gives the in-node "
+                        "ring, several hosts the tier between nodes; repeat for both (default: "
+                        "schemas/config.schema.yaml forecast.fabric_files)")
+    for key, kind, what in (("gpus_per_node", int, "devices per node"), ("max_nodes", int, "most nodes"),
                             ("knee_efficiency", float, "efficiency threshold of the knee"),
                             ("bootstrap_draws", int, "bootstrap draws of the band")):
         f.add_argument(f"--{key.replace('_', '-')}", dest=key, type=kind, default=None,
@@ -113,6 +116,7 @@ def add_forecast_parser(sub) -> None:
 
 
 def forecast(a) -> int:
+    from dpscale.analysis.forecast.fabric_file import FabricFileError
     from dpscale.report import forecast as fcr
     from dpscale.report.machines import load_reference, reference_folders
     dirs = a.dirs or reference_folders([ROOT / "reference"])
@@ -123,14 +127,20 @@ def forecast(a) -> int:
     machines = [load_reference(Path(d)) for d in dirs]
     book = None if a.no_book else bookmod.load(a.book)
     machines += [book] if book else []
-    cfg = fcr.settings(None, **{k: getattr(a, k) for k in ("internode_GBps", "internode_alpha_us", "gpus_per_node",
-                                                          "max_nodes", "knee_efficiency", "bootstrap_draws")})
-    forecasts = [fcr.of_machine(m, machines, cfg) for m in machines]
+    cfg = fcr.settings(None, **{k: getattr(a, k) for k in ("gpus_per_node", "max_nodes", "knee_efficiency",
+                                                          "bootstrap_draws")})
+    try:
+        given = fcr.given_fabric([str(p.resolve()) for p in a.fabric] if a.fabric else cfg["fabric_files"])
+    except (FabricFileError, ValueError) as e:
+        raise SystemExit(f"dpscale forecast: {e}") from None
+    forecasts = [fcr.of_machine(m, machines, cfg, given) for m in machines]
     print(fcr.text(forecasts))
     if a.json:
         fcr.write(a.json, forecasts)
         print(f"\nwrote {a.json}")
     return 0
+
+
 EXPORT_HELP = """\
 Write the tidy results table of kept machines: one row per (machine, experiment,
 variant, k, metric) with unit, value, ci_lo, ci_hi (numbers; empty where none), n,

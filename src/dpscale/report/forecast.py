@@ -72,7 +72,7 @@ def parts(results: dict, family: str, params_hint: float | None) -> dict:
     one = {k: s for k, s in sweeps.items() if s.nodes == 1}
     across = [s for s in sweeps.values() if s.nodes > 1]
     probes = {k: tuple(x / 1e3 for x in (_m(r).get("comm_ms_pairs") or [_m(r).get("comm_ms")]) if x is not None)
-              for (e, _v, k), r in sorted(results.items()) if e == ovl.name and ok(r)}
+              for (e, _v, k), r in sorted(results.items()) if e == ovl.name and ok(r) and ovl.family == family}
     census = [_m(r) for (e, _v, _k), r in sorted(results.items()) if e == cen.name and ok(r)]
     buckets, how = payloads([_m(r) for (e, _v, _k), r in sorted(results.items()) if e == ovl.name and ok(r)],
                             census, family, params_hint)
@@ -154,6 +154,25 @@ def donor(m: Machine, machines: list[Machine]) -> Machine | None:
                  and x.fingerprint.get("gpu_model") == gpu), None)
 
 
+def with_spread(s, m: Machine, machines: list[Machine], family: str, variant: str):
+    """A series whose k=1 throughput was measured once takes one measurement's spread
+    from the same series of a machine with the same GPU that repeated it, and says so."""
+    from dataclasses import replace
+
+    from dpscale.analysis.forecast import fit
+    if fit.spread(s) is not None:
+        return s
+    gpu = m.fingerprint.get("gpu_model")
+    for x in machines:
+        if x is m or x.kind == "book" or not gpu or x.fingerprint.get("gpu_model") != gpu:
+            continue
+        r = x.get(registry.scaling_of(family, "weak"), variant, 1)
+        cv = rate(r).cv() if ok(r) else None
+        if cv is not None:
+            return replace(s, noise_cv=cv, noise_how=f"one measurement's spread borrowed from {x.name}")
+    return s
+
+
 def of_machine(m: Machine, machines: list[Machine], cfg: dict, given) -> dict:
     """One machine's forecast: per series its model, grid and validation, and the
     validation's summary over every row."""
@@ -168,6 +187,7 @@ def of_machine(m: Machine, machines: list[Machine], cfg: dict, given) -> dict:
         s = series_of(results, family, variant, parts(results, family, hint))
         if s is None:
             continue
+        s = with_spread(s, m, machines, family, variant)
         grid = predict.grid(s, given, cfg)
         series.append({"series": s.name, "family": family, "variant": variant, "rows": grid,
                        "per_rank_batch": s.per_rank_batch, "global_batch": s.global_batch,

@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import statistics
 
-from dpscale.analysis.forecast import fit, predict
+from dpscale.analysis.forecast import fit, model as fc, predict
 from dpscale.analysis.forecast.inputs import Series
 
-RULE_TEXT = {"at_k": "k=1 compute + fabric at k", "below_k": "k=1 compute + fabric and probe below k only"}
+RULE_TEXT = {"at_k": "k=1 compute + fabric at k", "below_k": "k=1 compute + fabric and overlap below k only"}
 
 
 def measured(s: Series, scaling: str, k: int, m) -> dict | None:
     """Measured efficiency and overhead at k: overhead = the step at k - t_c(b), the
     compute line from k=1 (the model's own, so both sides share it)."""
-    from dpscale.analysis.forecast import model as fc
     eff, batch = predict.measured_efficiency(s, scaling, k), s.batch(scaling, k)
     if eff is None or not batch:
         return None
@@ -44,7 +43,6 @@ def naive(s: Series, scaling: str, k: int, m) -> dict:
         return {"naive_constant": 1.0, "naive_ring": None}
     kp = max(below)
     prev = measured(s, scaling, kp, m)
-    from dpscale.analysis.forecast import model as fc
     t_c = fc.compute_time(m, s.batch(scaling, k))
     over = prev["overhead_ms"] / 1e3 * ring_growth(k) / ring_growth(kp)
     t1 = fc.compute_time(m, s.batch(scaling, 1))
@@ -70,7 +68,8 @@ def row(s: Series, scaling: str, k: int, rule: str, given: fit.Given, cfg: dict)
            "overlap": m.overlap, "exposed_fraction": m.exposed if m.overlap == "fraction" else None,
            "beta_busbw_GBps": m.fabric.beta_Bps / 1e9 if m.fabric.beta_Bps != float("inf") else None,
            "how": list(m.notes)}
-    bd = predict.band(s, scaling, k, rule, given, cfg, nodes=nodes, per_node=g, keys=("efficiency",))
+    bd = predict.band(predict.draws(s, k, rule, given, cfg, nodes=nodes, per_node=g), s, scaling, k, cfg,
+                      keys=("efficiency",))
     out.update(predicted_lo=bd.get("efficiency_lo"), predicted_hi=bd.get("efficiency_hi"), band_none=bd.get("band_none"))
     out["inside"] = (out["predicted_lo"] <= out["measured"] <= out["predicted_hi"]) if out["predicted_lo"] is not None \
         else None

@@ -4,10 +4,10 @@ the list of what it used; and its band.
 Rules (what a model of k may read besides k=1's compute and spread):
   at_k     the fabric at k: the bare all-reduce sweep at k (across nodes: the measured
            link), the part nccl-tests gives for a cluster never trained on; the overlap
-           from the probe at the largest k' < k, else simulated
+           from the probe (or the weak step) at the largest k' < k
   below_k  only sweeps and probes at k' < k: nothing measured at k
-  any      everything measured (the forecast's grid): the sweep and probe at k where
-           they ran, else the largest k below, else the largest
+  any      everything measured, one model for the forecast's grid: the sweep and the
+           probe at the largest k each ran at
 A machine given a fabric from a file (a user's nccl-tests output) uses it where its
 own sweeps say nothing, and lists it.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpscale.analysis.forecast import model as fc
-from dpscale.analysis.forecast.inputs import ONCE, Series, Sweep
+from dpscale.analysis.forecast.inputs import Series, Sweep
 
 RULES = ("at_k", "below_k", "any")
 
@@ -68,7 +68,7 @@ def _pick(ks, k: int, rule: str) -> int | None:
         return k if k in ks else None
     if rule == "below_k":
         return max((x for x in ks if x < k), default=None)
-    return k if k in ks else max((x for x in ks if x <= k), default=max(ks, default=None))
+    return max(ks, default=None)
 
 
 def fit_sweep(sw: Sweep, rng=None) -> fc.Fabric:
@@ -81,10 +81,13 @@ def fabric(s: Series, k: int, nodes: int, per_node: int, rule: str, given: Given
     """The in-node ring for a model of k on `nodes` nodes of per_node devices: a one-node
     sweep (at k, or at per_node across nodes) as the rule allows, else a given file's."""
     ks = [x for x, sw in s.sweeps.items() if sw.nodes == 1]
-    pick = _pick(ks, per_node, "any") if nodes > 1 else _pick(ks, k, rule)
+    if nodes > 1 and rule != "any":   # the ring inside each node: a sweep of at most per_node
+        pick = max((x for x in ks if x <= per_node), default=None)
+    else:
+        pick = _pick(ks, k, rule)
     if pick is not None:
         return fit_sweep(s.sweeps[pick], rng), [Used("sweep", pick)]
-    if given.intra is not None:
+    if given.intra is not None and rule == "any":   # another GPU's ring never checks this machine's
         return given.intra, [Used("fabric file", None, given.source)]
     return None, []
 
@@ -104,21 +107,31 @@ def internode(s: Series, k: int, rule: str, given: Given, intra: fc.Fabric | Non
     return None, []
 
 
-def overlap(s: Series, k: int, nodes: int, rule: str, m: fc.StepModel, rng=None) -> tuple[fc.StepModel, list[Used]]:
-    """The exposed fraction from the paired probe at the largest k' below k (at k too,
-    for the grid), else the simulated overlap. Across nodes always simulated: a probe's
-    fraction belongs to the fabric it ran on."""
-    one_node = [x for x in s.probes if s.nodes_at(x) == 1]
-    kp = _pick(one_node, k, "any") if rule == "any" else max((x for x in one_node if x < k), default=None)
-    if kp is None or nodes > 1:
-        return m.with_(overlap="simulated", notes=m.notes + ("overlap simulated: buckets ready evenly over the "
-                                                             f"backward ({m.backward_share:.2f} of t_c)",)), []
-    pairs = list(s.probes[kp])
-    if rng is not None and len(pairs) > 1:
-        pairs = list(rng.choice(pairs, size=len(pairs), replace=True))
-    f = fc.exposed_fraction(float(np.median(pairs)), m, kp)
-    return m.with_(exposed=f, notes=m.notes + (f"exposed fraction {f:.2f} from the no_sync() probe at k={kp}",)), \
-        [Used("probe", kp)]
+def anchor(s: Series, k: int, rule: str, m: fc.StepModel, rng=None) -> tuple[fc.StepModel, list[Used]]:
+    """The exposed fraction f (model.py): from the paired probe at the largest k' below k
+    (the largest of all, for the grid); without a probe (JAX), from the series' own weak
+    step at the largest such k'; T_ar at k' from the sweep measured at k' where there is
+    one. With neither, the simulated overlap."""
+    how = "any" if rule == "any" else "below_k"
+    kp = _pick([x for x in s.probes if s.nodes_at(x) == 1], k, how)
+    kc = _pick([x for x in s.weak if x >= 2 and s.nodes_at(x) == 1], k, how) if kp is None else None
+    if kp is None and (kc is None or 1 not in s.weak or not s.per_rank_batch):
+        return m.with_(overlap="simulated", notes=m.notes + ("nothing ran below k: overlap simulated, buckets ready "
+                                                             f"evenly over the backward ({m.backward_share:.2f} of t_c)",)), []
+    at = kp or kc
+    there = m.with_(fabric=fit_sweep(s.sweeps[at], rng)) if at in s.sweeps and s.sweeps[at].nodes == 1 else m
+    if kp is not None:
+        pairs = list(s.probes[kp])
+        if rng is not None and len(pairs) > 1:
+            pairs = list(rng.choice(pairs, size=len(pairs), replace=True))
+        comm, used = float(np.median(pairs)), [Used("probe", kp)]
+    else:
+        b = s.per_rank_batch
+        comm = b / (s.weak[kc].estimate(rng) / kc) - fc.compute_time(m, b) - fc.straggler_time(m, kc)
+        used = [Used("throughput", kc, "weak: the overlap calibrated")]
+    f = fc.exposed_fraction(comm, there, at)
+    used += [Used("sweep", at)] if there is not m else []
+    return m.with_(exposed=f, notes=m.notes + (f"exposed fraction {f:.2f} from {used[0].text()}",)), used
 
 
 NO_FABRIC = fc.Fabric(0.0, float("inf"), 1, "one device per node: nothing in the node")
@@ -127,35 +140,35 @@ NO_FABRIC = fc.Fabric(0.0, float("inf"), 1, "one device per node: nothing in the
 def build(s: Series, k: int, rule: str = "any", given: Given = Given(), rng=None, *, nodes: int = 1,
           per_node: int = 8) -> tuple[fc.StepModel, list[Used]] | None:
     """The model of series s for a prediction at k on `nodes` nodes of per_node devices
-    under `rule`, and every input it used; None without k=1 throughput."""
+    under `rule` (rule "any": one model for every k; nodes > 1 adds the tier between
+    nodes where one is known), and every input it used; None without k=1 throughput."""
     line = compute_line(s, rng)
     if line is None:
         return None
     a, b, how, used = line
     intra, u_intra = fabric(s, k, nodes, per_node, rule, given, rng)
     inter, u_inter = internode(s, k, rule, given, intra, rng) if nodes > 1 else (None, [])
-    if nodes > 1 and per_node == 1:
+    if per_node == 1 and inter is not None:
         intra = NO_FABRIC
-    m = fc.StepModel(a, b, intra if nodes == 1 or inter is not None else None, s.buckets, 1.0, s.sigma_s, inter,
-                     per_node, notes=(how, s.buckets_how, intra.source if intra else "no in-node fabric",
-                                      *(x.source for x in [inter] if x), s.sigma_how))
+    m = fc.StepModel(a, b, intra, s.buckets, sigma_s=s.sigma_s, internode=inter, per_node=per_node,
+                     notes=(how, s.buckets_how, intra.source if intra else "no in-node fabric",
+                            *(x.source for x in [inter] if x), s.sigma_how))
     if m.fabric is None or not s.buckets:
         return m, used + u_intra + u_inter
-    m, u_probe = overlap(s, k, nodes, rule, m, rng)
+    m, u_probe = anchor(s, k, rule, m, rng)
     return m, used + u_intra + u_inter + u_probe
 
 
 def spread(s: Series) -> float | None:
-    """One replicate's relative spread at k=1 (the weak point's, else the strong's)."""
+    """One replicate's relative spread at k=1 (the weak point's, else the strong's), else
+    the one the series was given (borrowed from a machine with the same GPU)."""
     for scaling in ("weak", "strong"):
         r = s.rates(scaling).get(1)
         if r is not None and r.cv() is not None:
             return r.cv()
-    return None
+    return s.noise_cv
 
 
 def measured_once(s: Series) -> bool:
-    """Nothing of the series was measured twice: no spread to make a band of."""
-    rates = [r for sc in ("weak", "strong") for r in [s.rates(sc).get(1)] if r is not None]
-    return (all(r.units()[0] == ONCE for r in rates) and not any(len(p) > 1 for p in s.probes.values())
-            and not any(len(sw.bytes) > 2 for sw in s.sweeps.values()))
+    """No spread of one measurement is known: no band, rather than one of zero width."""
+    return spread(s) is None

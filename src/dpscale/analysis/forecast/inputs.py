@@ -90,6 +90,8 @@ class Series:
     sweeps: dict = field(default_factory=dict)     # {k: Sweep} within one node
     internode: Sweep | None = None                 # measured across nodes
     fabric_from: str = ""                          # where a borrowed fabric came from
+    noise_cv: float | None = None                  # one measurement's spread, where k=1's own says nothing
+    noise_how: str = ""                            # where that spread came from
 
     def nodes_at(self, k: int) -> int:
         return int(self.layout.get(k, 1))

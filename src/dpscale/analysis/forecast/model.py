@@ -13,17 +13,22 @@
   alpha (s) and beta (bytes/s per link, nccl-tests' busbw) fitted by least squares
   to the all-reduce payload sweep at a measured k, on relative error (the sweep spans
   1 MiB to 1 GiB: absolute error would leave alpha to the largest payload's noise).
-- overlap: f, the exposed fraction, is measured by the paired no_sync() probe:
-  (synced - no_sync step time) / T_ar(DDP's buckets, k). Chosen over DDP's hook
-  timeline because the probe runs the same model, buckets and k as the training and
-  costs nothing new, and because it charges what NCCL's sharing of the SMs costs the
-  backward pass (Echo, 2024) as well as what overlap hides (Li et al., VLDB 2020);
-  f > 1 means the synced step costs more than the bare all-reduce of its buckets.
-  Where no probe ran at a k below the one predicted, the overlap is simulated instead
-  (overlap="simulated"): bucket i is ready once the backward has produced its bytes
-  (DDP's bucket order, the backward taken as backward_share of t_c and producing
-  gradient bytes at an even rate), the all-reduces run one after another, and what
-  runs past the backward's end is exposed (Li et al., VLDB 2020, figure 6's timeline).
+- overlap: f, the exposed fraction, measured where the training ran below the k
+  predicted: the paired no_sync() probe at k', f = (synced - no_sync step time) /
+  T_ar(DDP's buckets, k') with T_ar at k' from the fabric measured at k' (JAX, which has
+  no probe: the weak step measured at k' less its compute and straggler terms). Chosen
+  over DDP's hook timeline because the probe runs the same model, buckets and k as the
+  training, and because it charges what NCCL's sharing of the SMs costs the backward
+  pass (Echo, 2024) as well as what overlap hides (Li et al., VLDB 2020); f > 1 means
+  the synced step costs more than the bare all-reduce of its buckets (the book's box:
+  about 2). Anchored at k', the fabric's level cancels between T_ar(k') and T_ar(k);
+  what it carries to k is its growth, 2(k-1)/k and the latency, and where it was
+  measured at k itself, what it measured there.
+  Where nothing ran below k (k=2), the overlap is simulated (overlap="simulated"): bucket
+  i is ready once the backward has produced the gradient bytes up to its end (DDP's
+  bucket order; the backward taken as backward_share of t_c, producing bytes at an even
+  rate), the buckets' all-reduces run one after another, and what runs past the
+  backward's end is exposed.
 - straggler: each step waits for the slowest of k ranks. With per-rank step times
   N(mu, sigma^2), E[max of k] = mu + sigma e_k, e_k = the expected maximum of k
   standard normals (order statistics, integrated exactly: e_1 = 0, e_2 = 0.564,
@@ -166,12 +171,12 @@ class StepModel:
     compute_a_s: float           # t_c(B) = a + b B
     compute_b_s: float
     fabric: Fabric | None        # None: no communication measured anywhere
-    buckets: tuple = ()          # bytes per all-reduce
+    buckets: tuple = ()          # bytes per all-reduce, in DDP's launch order
     exposed: float = 1.0         # f
     sigma_s: float = 0.0         # per-rank step-time standard deviation
     internode: Fabric | None = None
     per_node: int = 8
-    overlap: str = "fraction"    # "fraction": exposed * T_ar; "simulated": buckets against the backward
+    overlap: str = "fraction"    # "fraction": f * T_ar; "simulated": the buckets against the backward
     backward_share: float = 2 / 3   # of t_c, for the simulation: backward ~ 2 x forward FLOPs
     notes: tuple = field(default=(), compare=False)
 
@@ -183,10 +188,12 @@ def compute_time(m: StepModel, batch: float) -> float:
     return m.compute_a_s + m.compute_b_s * batch
 
 
-def allreduce_time(m: StepModel, k: int, algo=ring_time) -> float:
-    """All of DDP's buckets at k: one node up to per_node devices, hierarchical past it."""
+def allreduce_time(m: StepModel, k: int, algo=None) -> float:
+    """All of DDP's buckets at k: one node up to per_node devices, hierarchical past it;
+    algo: ring_time (read when called) or tree_time."""
     if k <= 1 or m.fabric is None or not m.buckets:
         return 0.0
+    algo = algo or ring_time
     inter = (m.internode.alpha_s, m.internode.beta_Bps) if m.internode and k > m.per_node else None
     return _buckets_time(float(sum(m.buckets)), len(m.buckets), k, m.per_node, m.fabric.alpha_s,
                          m.fabric.beta_Bps, inter, algo)
@@ -221,6 +228,7 @@ def simulated_exposed(m: StepModel, k: int, batch: float) -> float:
 
 
 def exposed_comm_time(m: StepModel, k: int, batch: float) -> float:
+    """What communication adds to a step at k."""
     if m.overlap == "simulated":
         return simulated_exposed(m, k, batch)
     return m.exposed * allreduce_time(m, k)
@@ -243,7 +251,7 @@ def strong_efficiency(m: StepModel, global_batch: float, k: int) -> float:
 
 
 def exposed_fraction(comm_s: float, m: StepModel, k: int) -> float:
-    """f from a probe's synced - no_sync difference at k (clipped at 0: a negative
+    """f from a synced step's measured communication cost at k (clipped at 0: a negative
     difference is noise, not communication that saves time)."""
     t = allreduce_time(m.with_(exposed=1.0), k)
     return max(0.0, comm_s / t) if t > 0 else 0.0

@@ -28,25 +28,35 @@ def point(m: fc.StepModel, s: Series, scaling: str, k: int) -> dict | None:
             "allreduce_ring_ms": 1e3 * fc.allreduce_time(m, k), "allreduce_tree_ms": 1e3 * fc.allreduce_time(m, k, fc.tree_time)}
 
 
-def band(s: Series, scaling: str, k: int, rule: str, given: fit.Given, cfg: dict, *, nodes: int = 1,
-         per_node: int = 8, keys=("efficiency", "step_ms")) -> dict:
-    """{key_lo, key_hi} of each key at k (fit's band), or {"band_none": why}."""
+def draws(s: Series, k: int, rule: str, given: fit.Given, cfg: dict, *, nodes: int = 1,
+          per_node: int = 8) -> list[fc.StepModel] | str:
+    """The bootstrap's models (fit's band), or why there are none."""
     if fit.measured_once(s):
-        return {"band_none": "no input was measured more than once"}
+        return "k=1's throughput was measured once: no spread of a measurement to band with"
     rng = np.random.default_rng(cfg["seed"])
+    out = [fit.build(s, k, rule, given, rng, nodes=nodes, per_node=per_node) for _ in range(int(cfg["bootstrap_draws"]))]
+    return [b[0] for b in out if b] or "no model at k"
+
+
+def band(models: list[fc.StepModel] | str, s: Series, scaling: str, k: int, cfg: dict,
+         keys=("efficiency", "step_ms")) -> dict:
+    """{key_lo, key_hi} at k over the draws' models, each with one measurement's spread
+    (k=1's replicate cv) on its rate; {"band_none": why} without draws."""
+    if isinstance(models, str):
+        return {"band_none": models}
+    rng = np.random.default_rng(cfg["seed"] + k)
     cv = fit.spread(s) or 0.0
-    draws = {key: [] for key in keys}
-    for _ in range(int(cfg["bootstrap_draws"])):
-        built = fit.build(s, k, rule, given, rng, nodes=nodes, per_node=per_node)
-        p = point(built[0], s, scaling, k) if built else None
+    vals = {key: [] for key in keys}
+    for m in models:
+        p = point(m, s, scaling, k)
         if p is None:
-            return {"band_none": "no model at k"}
-        noise = float(np.exp(cv * rng.standard_normal()))   # one measurement's spread on the rate at k
+            return {"band_none": "no prediction at k"}
+        noise = float(np.exp(cv * rng.standard_normal()))
         for key in keys:   # a rate noise-times higher: efficiency up, step time down
-            draws[key].append(p[key] * noise if key == "efficiency" else p[key] / noise)
+            vals[key].append(p[key] * noise if key == "efficiency" else p[key] / noise)
     tail = 100 * (1 - cfg["band_level"]) / 2
     out = {}
-    for key, vs in draws.items():
+    for key, vs in vals.items():
         lo, hi = np.percentile(vs, [tail, 100 - tail])
         out.update({f"{key}_lo": float(lo), f"{key}_hi": float(hi)})
     return out
@@ -58,35 +68,31 @@ def grid_ks(cfg: dict) -> list[tuple[int, int]]:
     return [(k, 1) for k in range(1, g + 1)] + [(n * g, n) for n in range(2, int(cfg["max_nodes"]) + 1)]
 
 
-def grid_row(s: Series, k: int, nodes: int, given: fit.Given, cfg: dict) -> dict:
-    g = int(cfg["gpus_per_node"])
-    built = fit.build(s, k, "any", given, nodes=nodes, per_node=g)
-    row = {"k": k, "nodes": nodes}
-    if built is None:
-        return row
-    m, used = built
-    if k > 1 and (m.fabric is None or (nodes > 1 and m.internode is None)):
-        row["why_none"] = "no in-node fabric measured" if m.fabric is None else "no across-node fabric measured"
-        return row
-    for scaling in SCALINGS:
-        p = point(m, s, scaling, k)
-        if p:
-            row.update({f"{scaling}_{key}": v for key, v in p.items() if key in ("efficiency", "step_ms")})
-            row.update({key: v for key, v in p.items() if key not in ("efficiency", "step_ms")} if scaling == "weak"
-                       else {})
-            if k > 1:
-                bd = band(s, scaling, k, "any", given, cfg, nodes=nodes, per_node=g)
-                row.update({f"{scaling}_{key}": v for key, v in bd.items()})
-    row["inputs"] = sorted({u.text() for u in used})
-    return row
-
-
 def grid(s: Series, given: fit.Given, cfg: dict) -> list[dict]:
-    """One row per (k, nodes) of the grid: predicted efficiency and step time per scaling,
-    with bands, and where a point was measured, its measured efficiency."""
+    """One row per (k, nodes) of the grid, from one model (fit's rule "any") and one set
+    of bootstrap draws: predicted efficiency and step time per scaling, with bands, the
+    parts of the weak step, and where a point was measured, its measured efficiency."""
+    g = int(cfg["gpus_per_node"])
+    built = fit.build(s, 0, "any", given, nodes=2, per_node=g)
+    if built is None:
+        return []
+    m, used = built
+    models = draws(s, 0, "any", given, cfg, nodes=2, per_node=g)
     rows = []
     for k, nodes in grid_ks(cfg):
-        row = grid_row(s, k, nodes, given, cfg)
+        row = {"k": k, "nodes": nodes, "inputs": sorted({u.text() for u in used})}
+        if k > 1 and (m.fabric is None or (nodes > 1 and m.internode is None)):
+            row["why_none"] = "no in-node fabric measured" if m.fabric is None else "no tier between nodes known"
+        else:
+            for scaling in SCALINGS:
+                p = point(m, s, scaling, k)
+                if p is None:
+                    continue
+                row.update({f"{scaling}_efficiency": p["efficiency"], f"{scaling}_step_ms": p["step_ms"]})
+                row.update({key: v for key, v in p.items() if key not in ("efficiency", "step_ms")}
+                           if scaling == "weak" else {})
+                if k > 1:
+                    row.update({f"{scaling}_{key}": v for key, v in band(models, s, scaling, k, cfg).items()})
         for scaling in SCALINGS:
             row[f"{scaling}_measured"] = measured_efficiency(s, scaling, k) if nodes == s.nodes_at(k) else None
         row["point"] = "measured" if row.get("weak_measured") is not None else "predicted"

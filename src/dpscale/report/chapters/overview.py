@@ -7,7 +7,7 @@ import datetime as _dt
 from dpscale.analysis import stats
 from dpscale.report.document import Cell, Chapter, FigureSpec, Page, Table, cell, status_cell
 from dpscale.report.machines import STATUSES, ReportData
-from dpscale.report.numbers import allreduce_table, metric, ok, spread
+from dpscale.report.numbers import allreduce_table, metric, ok
 from dpscale.report.chapters.book_table import book_comparison
 from dpscale.report.chapters.common import figure, prose
 
