@@ -155,11 +155,28 @@ def per_rank_merge(ctx: Ctx, mine: dict) -> list[dict] | None:
     return rows
 
 
+def pin(ctx: Ctx) -> dict:
+    """The rank's threads (the spec's threads_per_rank, at every k) and, on a CPU stand-in,
+    its cores: rank r of a node on the r-th run of that many cores this process may use."""
+    threads = int(ctx.spec.get("threads_per_rank") or torch.get_num_threads())
+    torch.set_num_threads(threads)
+    out = {"threads_per_rank": threads}
+    if not ctx.cuda and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        mine = cores[ctx.local_rank * threads:(ctx.local_rank + 1) * threads]
+        if len(mine) == threads:   # more ranks than cores (an emulation, a busy box): left unpinned
+            os.sched_setaffinity(0, mine)
+            out["cpu_affinity"] = mine
+    return out
+
+
 def runtime_versions(ctx: Ctx) -> dict:
     v = {"torch": torch.__version__, "device": torch.cuda.get_device_name(ctx.device) if ctx.cuda else "cpu",
          "nccl": ".".join(map(str, torch.cuda.nccl.version())) if ctx.cuda else None,
          "cuda_runtime": torch.version.cuda, "cudnn": torch.backends.cudnn.version() if ctx.cuda else None,
          "world_size": ctx.world, "hostname": os.uname().nodename}
+    v.update(threads_per_rank=torch.get_num_threads(), cpu_affinity=sorted(os.sched_getaffinity(0))
+             if hasattr(os, "sched_getaffinity") else None)
     v["env"] = {k: val for k, val in os.environ.items()
                 if k.startswith(("NCCL_", "TORCH_NCCL_", "TORCH_SYMM", "NVSHMEM_", "OMP_NUM"))}
     return v
@@ -171,6 +188,7 @@ def run(spec: dict, result_path: str) -> None:
     if ctx.cuda:
         torch.cuda.set_device(ctx.device)
         ctx.gpu = gpustate.Recorder([str(torch.cuda.get_device_properties(ctx.device).uuid)])
+    pin(ctx)
     torch.set_float32_matmul_precision("high")
     torch.backends.cudnn.benchmark = True
     # before the watchdog's outer kill, so the rank that waits reports the hang

@@ -70,6 +70,15 @@ def skip_reason(experiment: str, variant: str, k: int, fp: dict,
     return None
 
 
+# CPU threads each rank computes with, the same at every k and on every machine. Set
+# explicitly: torchrun sets OMP_NUM_THREADS=1 only when it starts more than one process,
+# so k=1 computed with every core and k >= 2 with one (a CPU stand-in's k=1 was up to
+# cores-times faster than a rank at k=8). One: a stand-in runs one rank per core, and a
+# GPU rank's intra-op threads only launch kernels (the book's DataLoader decodes in
+# worker processes). A constant, not cores / devices: more devices must not rerun k=1.
+THREADS_PER_RANK = 1
+
+
 def emulated_processes(experiment: str, k: int, fp: dict, cluster: dict | None = None) -> int | None:
     """The processes that emulate k ranks of an experiment that emulates a k above the
     devices present (the most devices of one node that divide k); None when k runs for real."""
@@ -93,6 +102,8 @@ def job_spec(resolved: dict, fp: dict, experiment: str, variant: str, k: int, in
         "limit_s": limit, "pg_timeout_s": pg_timeout_s(float(limit)), "grace_s": resolved["watchdog"]["grace_s"],
         "inputs": inputs, "skip_reason": skip_reason(experiment, variant, k, fp, resolved.get("cluster")),
     }
+    if exp.family == "torch":
+        spec["threads_per_rank"] = THREADS_PER_RANK
     if procs := emulated_processes(experiment, k, fp, resolved.get("cluster")):
         spec["processes"] = procs   # only emulated specs carry it: the others stay as they were
     multi = dscluster.layout(k, dscluster.effective(resolved.get("cluster"), fp))

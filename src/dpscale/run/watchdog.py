@@ -285,6 +285,8 @@ def prepare(job: Job, cmd: list[str]) -> tuple[list[str], dict]:
     if spec.get("launch"):
         cmd, launch_env = command.multinode_command(cmd, spec["launch"])   # RuntimeError outside SLURM
     env = {**os.environ, **spec.get("env", {}), **launch_env, "PYTHONUNBUFFERED": "1"}
+    if spec.get("threads_per_rank"):   # before the worker loads torch: its OpenMP pool reads it once
+        env["OMP_NUM_THREADS"] = str(spec["threads_per_rank"])
     if job.rank_dir.exists():
         shutil.rmtree(job.rank_dir)
     if spec["backend"] == "nccl":
