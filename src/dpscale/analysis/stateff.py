@@ -425,6 +425,40 @@ def b_simple_window(g2_steps, trace_steps, blocks: int = 10, level: float = LEVE
     return out
 
 
+POOLED = ("blocks of consecutive steps of each seed's window, pooled over the seeds' launches: the minibatches' "
+          "sampling noise within those windows, not other windows")
+
+
+def b_simple_pooled(windows, blocks: int = 10, level: float = LEVEL) -> dict:
+    """B_simple over several runs' windows (one per seed): mean tr(Sigma) / mean |G|^2
+    over every step of every window, and its interval from blocks of consecutive steps
+    cut within each run (up to `blocks` a run, so no block straddles two seeds), their
+    paired means under Fieller (stats.ratio_ci). windows: [(g2_steps, trace_steps)].
+    Returns b_simple_window's keys (no cov), covers POOLED."""
+    import numpy as np
+    tb, gb, g2_all, tr_all = [], [], [], []
+    for g2_steps, trace_steps in windows:
+        g2, tr = np.asarray(g2_steps, float), np.asarray(trace_steps, float)
+        g2_all.append(g2)
+        tr_all.append(tr)
+        nb = min(blocks, g2.size)
+        tb += [c.mean() for c in np.array_split(tr, nb)] if nb else []
+        gb += [c.mean() for c in np.array_split(g2, nb)] if nb else []
+    g2, tr = (np.concatenate(g2_all), np.concatenate(tr_all)) if g2_all else (np.zeros(0), np.zeros(0))
+    out = {"b_simple": None, "ci_lo": None, "ci_hi": None, "g2": float(g2.mean()) if g2.size else None,
+           "trace": float(tr.mean()) if tr.size else None, "steps": int(g2.size), "runs": len(g2_all),
+           "blocks": len(tb), "df": None, "method": "", "level": level, "covers": POOLED}
+    if out["g2"] is not None and out["g2"] > 0:
+        out["b_simple"] = out["trace"] / out["g2"]
+    if len(tb) < 2:
+        out["method"] = f"no interval: {len(tb)} block(s)"
+        return out
+    r = stats.ratio_ci(np.array(tb), np.array(gb), paired=True, level=level, covers=POOLED)
+    out.update(df=len(tb) - 1, ci_lo=r["ci_lo"], ci_hi=r["ci_hi"],
+               method=f"{r['method']} over blocks of consecutive steps within each seed's window")
+    return out
+
+
 # ---------------------------------------------------------------- d. the statistical-efficiency model
 
 WEIGHTINGS = ("cv", "ols")

@@ -13,6 +13,9 @@ from typing import Callable, Iterable
 BASE_LR = 0.1          # the book's SGD learning rate (section 13.6's train loop)
 LR_SCALINGS = ("constant", "linear")
 MEASURES = ("seconds", "samples", "epochs")   # each scored on its own: <m>_to_target
+# The same three at the crossing interpolated between the evaluations that bracket the
+# target (dpscale.analysis.stateff.crossing), scored the same way: interpolated_<m>_to_target.
+INTERPOLATED = tuple(f"interpolated_{m}" for m in MEASURES)
 
 
 def lr_at(scaling: str, k: int, samples_seen: int, warmup_samples: int, base: float = BASE_LR) -> float:
@@ -68,18 +71,26 @@ def settled(runs: list[dict]) -> bool:
     return sum(not r["converged"] for r in runs) > 1
 
 
-def score_fields(runs: list[dict]) -> dict:
-    """Every measure scored, flat, as the result's metrics carry them:
-    seconds_to_target (= tta_s), samples_to_target, epochs_to_target, each with
-    _min, _max, _stdev, _kept_seeds; `scored` and `no_result_reason`."""
+def score_measures(runs: list[dict], measures: Iterable[str]) -> dict:
+    """Each measure scored MLPerf's way, flat: <m>_to_target with _min, _max, _stdev and
+    _kept_seeds (the olympic score of each launch's <m>_to_target)."""
     out = {}
-    for m in MEASURES:
+    for m in measures:
         s = score(runs, m)
         name = f"{m}_to_target"
         out[name] = s["value"]
         out.update({f"{name}_{f}": s[f] for f in ("min", "max", "stdev", "kept_seeds")})
-        out["scored"], out["no_result_reason"] = s["value"] is not None, s["reason"]
-        out["not_converged_seeds"] = s["not_converged"]
+    return out
+
+
+def score_fields(runs: list[dict]) -> dict:
+    """Every measure scored, flat, as the result's metrics carry them:
+    seconds_to_target (= tta_s), samples_to_target, epochs_to_target, each with
+    _min, _max, _stdev, _kept_seeds; `scored` and `no_result_reason`."""
+    out = score_measures(runs, MEASURES)
+    s = score(runs, MEASURES[-1])
+    out["scored"], out["no_result_reason"] = s["value"] is not None, s["reason"]
+    out["not_converged_seeds"] = s["not_converged"]
     out["tta_s"] = out["seconds_to_target"]
     return out
 
