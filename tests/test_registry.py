@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -84,6 +85,34 @@ def test_a_new_experiment_is_planned_dispatched_and_reported(dummy, tmp_path):
     html = (tmp_path / "out" / "report.html").read_text()
     jobs_table = re.search(r'<table id="table-jobs_communication".*?</table>', html, re.S).group(0)
     assert "dummy_probe" in jobs_table and "NOT RUN" in jobs_table
+
+
+def test_a_variants_k_range_is_planned_from_the_registry_alone(monkeypatch, tmp_path):
+    """A variant with min_k or max_k (the linear LR rule from k=2; the book's fp32 loop at
+    k=1 only) is planned at those k and no other, by specs, the workflow and the report."""
+    once = registry.Variant("once", "only at k=1", max_k=1)
+    later = registry.Variant("later", "from k=2", min_k=2)
+    exp = registry.Experiment("dummy_range", "a dummy with ranged variants", "torch", "test_registry:measure_dummy",
+                              (registry.DEFAULT, once, later), registry.every_k, ("image_size",), "communication")
+    monkeypatch.setitem(registry.EXPERIMENTS, exp.name, exp)
+    resolved = _resolved(experiments=["dummy_range"], ks=[1, 2, 4])
+    assert specs.planned(resolved) == [("dummy_range", "default", 1), ("dummy_range", "default", 2),
+                                       ("dummy_range", "default", 4), ("dummy_range", "once", 1),
+                                       ("dummy_range", "later", 2), ("dummy_range", "later", 4)]
+    jobs = planned_jobs(tmp_path / "wf", {"scale": "smoke", "ks": [1, 2], "experiments": ["dummy_range"]})
+    assert sorted(jobs["dummy_range"]) == ["results/runs/dummy_range/default/k1.json",
+                                           "results/runs/dummy_range/default/k2.json",
+                                           "results/runs/dummy_range/later/k2.json",
+                                           "results/runs/dummy_range/once/k1.json"]
+    from dpscale import report
+    from dpscale.results import write_json_atomic
+    write_json_atomic(tmp_path / "fp.json", CPU_FP)
+    targets = specs.targets(resolved, str(tmp_path / "runs"))
+    s = report.build(tmp_path / "runs", tmp_path / "fp.json", tmp_path / "out", references=[], book_path=None,
+                     targets=targets)
+    assert s["counts"]["this run"]["not run"] == 6
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())["targets"]
+    assert sorted(plan) == sorted(t.removeprefix(f"{tmp_path}/runs/") for t in targets)
 
 
 def test_the_schema_agrees_with_the_registry():

@@ -45,7 +45,7 @@ def test_two_unconverged_launches_settle_the_point():
 def test_linear_rule_is_not_run_at_k1_where_it_is_the_book_rule():
     resolved = {"experiments": ["ddp_tta"], "ks": [1, 2], "tuned": False, "protocol": {"tta_ks_emulated": [4]}}
     assert specs.planned(resolved) == [("ddp_tta", "book", 1), ("ddp_tta", "book", 2), ("ddp_tta", "book", 4),
-                                       ("ddp_tta", "linear", 2), ("ddp_tta", "linear", 4)]
+                                       ("ddp_tta", "linear", 2), ("ddp_tta", "linear", 4), ("ddp_tta", "book_fp32", 1)]
     assert tta.lr_at("linear", 1, 0, 1000) == tta.lr_at("constant", 1, 0, 1000)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping
@@ -40,17 +41,32 @@ class Variant:
     # is the book's rule, so its k=1 is not run twice; the report borrows the other's.
     min_k: int = 1
     same_below: str | None = None
+    # Planned at k <= max_k only (None: every k its experiment runs at): a reference run
+    # that only means something at one k (the book's fp32 loop beside the tuned step at k=1).
+    max_k: int | None = None
     # What the variant needs beyond the experiment's, by REQUIREMENTS key: planned
     # everywhere, skipped with the requirement's reason where the fingerprint lacks it.
     requires: tuple[str, ...] = ()
     book: bool = False                         # the book's own protocol: a report's first series
     input: str | None = None                   # how batches reach the devices (INPUT_PATHS)
     lr_scaling: str | None = None              # the LR rule over k (dpscale.analysis.tta.lr_at)
+    # The training step's options where CUDA is present (torch_ddp's tuned options: bf16,
+    # channels_last, compile, CUDA graph, fused SGD, the model's transformations); on a CPU
+    # the same step runs without the GPU-only ones (dpscale.measure.torch_tta.step_options).
+    # Planned everywhere, unlike `tuned`; None: the book's fp32 eager step everywhere.
+    step: Mapping[str, object] | None = None
 
     def meaning(self) -> dict:
         """What a worker must know of the variant beyond the protocol: carried by the spec
         (config.variant), so the numbers depend on it through the spec, not the registry."""
-        return {key: getattr(self, key) for key in ("input", "lr_scaling") if getattr(self, key) is not None}
+        out = {key: getattr(self, key) for key in ("input", "lr_scaling") if getattr(self, key) is not None}
+        if self.step is not None:
+            out["step"] = json.loads(json.dumps(dict(self.step)))   # plain JSON: the spec is a params value
+        return out
+
+    def runs_at(self, k: int) -> bool:
+        """Whether the variant is planned at k (min_k and max_k)."""
+        return k >= self.min_k and (self.max_k is None or k <= self.max_k)
 
 
 # How a variant's batches reach the devices.
@@ -100,11 +116,19 @@ JAX_TUNED = Variant(
 DEFAULT = Variant("default", "NCCL's defaults (gloo without GPUs)")
 MEMCPY = Variant("memcpy", "NCCL_SHM_USE_CUDA_MEMCPY=1 (and NCCL_P2P_DISABLE=1)", nccl_only=True,
                  env=MEMCPY_ENV)
-# The learning-rate rule of the time-to-accuracy runs (dpscale.analysis.tta.lr_at).
-TTA_BOOK = Variant("book", "SGD lr 0.1 at every global batch, no momentum (the book's loop)", book=True,
-                   lr_scaling="constant")
-TTA_LINEAR = Variant("linear", "lr 0.1 x k after a linear warm-up of tta_warmup_epochs (Goyal et al. 2017)",
-                     extra_protocol=("tta_warmup_epochs",), min_k=2, same_below="book", lr_scaling="linear")
+# Time to accuracy: the learning-rate rule (dpscale.analysis.tta.lr_at) and the step. The
+# clock is the answer, so a GPU trains with the fastest step it has, the tuned series'
+# (the data is device-resident in every time-to-accuracy run); the book's own fp32 eager
+# loop runs beside it at k=1 only, to show what the tuned step changes.
+TTA_STEP = MappingProxyType({key: v for key, v in TORCH_TUNED.options.items() if key != "data"})
+TTA_BOOK = Variant("book", "SGD lr 0.1 at every global batch, no momentum (the book's loop); the tuned step on GPUs",
+                   book=True, lr_scaling="constant", step=TTA_STEP)
+TTA_LINEAR = Variant("linear", "lr 0.1 x k after a linear warm-up of tta_warmup_epochs (Goyal et al. 2017); "
+                               "the tuned step on GPUs",
+                     extra_protocol=("tta_warmup_epochs",), min_k=2, same_below="book", lr_scaling="linear",
+                     step=TTA_STEP)
+TTA_BOOK_FP32 = Variant("book_fp32", "the book's loop as written: SGD lr 0.1, fp32, eager (k=1 only)",
+                        lr_scaling="constant", max_k=1)
 MEMCPY_TRAINING = Variant("default", "DDP training with NCCL_SHM_USE_CUDA_MEMCPY=1", nccl_only=True,
                           env=MEMCPY_ENV)
 
@@ -205,7 +229,7 @@ def _sources(*roots: str) -> tuple[str, ...]:
 
 THROUGHPUT = ("image_size", "train_images", "epochs", "repeats")
 TTA = ("tta_image_size", "tta_train_images", "tta_test_images", "tta_per_rank_batch", "tta_target",
-       "tta_eval_every_samples", "tta_max_epochs", "tta_seeds")
+       "tta_eval_every_samples", "tta_eval_near_every_samples", "tta_eval_near_margin", "tta_max_epochs", "tta_seeds")
 # Independent launches of a throughput point, merged by the watchdog (dpscale.run.launches).
 LAUNCHED = ("launches",)
 
@@ -254,7 +278,7 @@ _ALL = (
          "jax_checks:exp_equality", (DEFAULT,), always_two, ("image_size", "train_images", "per_rank_batch"), "jax",
          inputs=("cache", "meta"), min_devices=2),
     _torch("ddp_tta", "time to a test accuracy under DDP, per LR rule, MLPerf's rules (k beyond the devices: emulated)",
-           "torch_tta:exp_tta", (TTA_BOOK, TTA_LINEAR), every_k, TTA, "tta", inputs=("tta_cache", "tta_meta"),
+           "torch_tta:exp_tta", (TTA_BOOK, TTA_LINEAR, TTA_BOOK_FP32), every_k, TTA, "tta", inputs=("tta_cache", "tta_meta"),
            limit_key="tta_timeout_s", emulates=True, extra_ks_key="tta_ks_emulated"),
 )
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}

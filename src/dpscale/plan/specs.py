@@ -39,7 +39,7 @@ def planned(resolved: dict) -> list[tuple[str, str, int]]:
         if exp.extra_ks_key:   # k's beyond `ks` it runs emulated (dpscale.measure.torch_tta)
             ks = sorted(set(ks) | set(resolved["protocol"].get(exp.extra_ks_key) or ()))
         for variant in exp.variant_names(resolved["tuned"]):
-            out += [(name, variant, k) for k in ks if k >= exp.variant(variant).min_k]
+            out += [(name, variant, k) for k in ks if exp.variant(variant).runs_at(k)]
     return out
 
 
