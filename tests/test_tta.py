@@ -3,6 +3,7 @@ k-rank step against a real k=2 DDP step (and two mutations it must catch), the
 planning of emulated k's, and the worker at k=1 and k=2 over gloo."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -84,12 +85,15 @@ TOL = 1e-9   # max |difference| of any parameter or buffer after 3 steps, in flo
 
 @pytest.fixture(scope="module")
 def real_k2(tmp_path_factory):
+    """One torchrun of tests/tta_equality_worker.py: the real k=2 runs (book's step and
+    tuned step), the emulated tuned step and its mutants, the noise probe's cases."""
     out = tmp_path_factory.mktemp("tta") / "real.pt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(ROOT / "tests/tta_equality_worker.py"), str(out)]
-    p = subprocess.run(cmd, env=env_with_src(), capture_output=True, text=True, timeout=120)
+    p = subprocess.run(cmd, env=env_with_src(), capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return torch.load(out)
+    found = torch.load(out, weights_only=False)
+    return {**torch.load(f"{out}.rank1", weights_only=False), **found}
 
 
 def _emulated(step_of_shards):
@@ -102,31 +106,125 @@ def _emulated(step_of_shards):
         model = torch_resnet18()
         opt = torch.optim.SGD(model.parameters(), lr=w.LR)
         for X, y in w.global_batches():
-            step_of_shards(model, opt, [(X[:w.BATCH], y[:w.BATCH]), (X[w.BATCH:], y[w.BATCH:])])
+            opt.zero_grad(set_to_none=True)
+            step_of_shards(model, opt, X, y)
         return w.state(model)
     finally:
         torch.set_default_dtype(old)
 
 
 def _max_diff(a, b):
+    assert a.keys() == b.keys()
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
+@pytest.mark.multiproc
 def test_emulated_k2_step_equals_real_ddp_and_mutations_fail(real_k2):
+    """The book's step: both shards in one process (m = 2) against two DDP ranks."""
     from dpscale.measure.torch_tta import ShardedStep
 
-    def emulated(model, opt, shards):
-        ShardedStep(model, opt)(shards, 0.1)
+    def emulated(model, opt, X, y):
+        ShardedStep(model, opt, 2)(X, y)
 
-    def global_bn(model, opt, shards):   # mutation: BatchNorm over the whole global batch
-        ShardedStep(model, opt)([(torch.cat([x for x, _ in shards]), torch.cat([y for _, y in shards]))], 0.1)
+    def global_bn(model, opt, X, y):   # mutation: BatchNorm over the whole global batch
+        ShardedStep(model, opt, 1)(X, y)
 
-    def summed(model, opt, shards):      # mutation: gradients summed over the ranks, not averaged
-        ShardedStep(model, opt)(shards, 0.1 * len(shards))   # == lr x sum for plain SGD
+    def summed(model, opt, X, y):      # mutation: gradients summed over the ranks, not averaged
+        for g in opt.param_groups:
+            g["lr"] = 0.2              # == lr x sum for plain SGD
+        ShardedStep(model, opt, 2)(X, y)
 
-    assert _max_diff(real_k2, _emulated(emulated)) < TOL
+    assert _max_diff(real_k2["plain"], _emulated(emulated)) < TOL
     for mutant in (global_bn, summed):
-        assert _max_diff(real_k2, _emulated(mutant)) > 1e-3, mutant.__name__
+        assert _max_diff(real_k2["plain"], _emulated(mutant)) > 1e-3, mutant.__name__
+
+
+@pytest.mark.multiproc
+def test_the_tuned_step_emulated_equals_it_under_real_ddp_and_mutations_fail(real_k2):
+    """The step a GPU runs, less compile and the CUDA graph (tuned_model's transformations,
+    channels_last, fused SGD with a tensor lr; bf16 autocast leaves float64 alone):
+    emulated k=2 (one process, 2 shards) against real k=2 DDP, fused SGD and plain; the
+    same two mutations fail it."""
+    real = real_k2["tuned_real"]
+    assert _max_diff(real, real_k2["tuned_emulated"]) < TOL
+    assert _max_diff(real, real_k2["tuned_emulated_unfused"]) < TOL
+    for mutant in ("mutant_global_bn", "mutant_summed"):
+        assert _max_diff(real, real_k2[mutant]) > 1e-3, mutant
+
+
+@pytest.mark.multiproc
+def test_the_tuned_step_trains_as_the_books_step(real_k2):
+    """Real k=2 DDP: the tuned step ends where the book's step ends. Its model dropped
+    the convolutions' biases that BatchNorm cancels and folded them into running_mean
+    (dpscale.model.tuned_model.drop_bias), so those compare through the fold: the book's
+    bias keeps its initial value (its gradient is 0 up to rounding)."""
+    from dpscale.model import tuned_model
+    from dpscale.model.models import torch_resnet18
+    plain, tuned = real_k2["plain"], real_k2["tuned_real"]
+    torch.manual_seed(0)
+    ref = torch_resnet18().double()
+    names = {id(m): n for n, m in ref.named_modules()}
+    folded = {}
+    for conv, bn in tuned_model.cancelled_bias_pairs(ref):
+        folded[f"{names[id(bn)]}.running_mean"] = f"{names[id(conv)]}.bias"
+    assert set(plain) - set(tuned) == set(folded.values())
+    diffs = [(plain[k] - tuned[k] - (plain[folded[k]] if k in folded else 0)).abs().max().item()
+             for k in tuned]
+    assert max(diffs) < TOL
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("case", ["w2m1", "w2m2", "w1m2"])
+def test_the_noise_probe_in_the_tuned_step_equals_a_direct_computation(real_k2, case):
+    """StepNoiseProbe's per-step numbers against each shard's gradient by its own
+    backward: w2m1, real k=2 (the synchronising backward, read by the hooks); w1m2,
+    emulated k=2 in one process (the growth of .grad); w2m2, k=4 as 2 x 2 (both)."""
+    found = real_k2["noise"][case]
+    assert found["rel"] < 1e-9, found
+    g = found["got"]
+    assert g["steps"] == 2 and g["k"] == (2 if case != "w2m2" else 4)
+    from dpscale.analysis import stateff
+    g2, tr = stateff.noise_terms(g["g_small_sq"][0], g["g_big_sq"][0], g["b_small"], g["b_big"])
+    assert tr > 0
+
+
+@pytest.mark.multiproc
+def test_the_noise_probe_changes_no_parameter_bit(real_k2):
+    """float32, with the probe and without: w2m2 reads the hooks (the synchronising backward)
+    and the growth of .grad (the first shard); w1m2 the growth through DDP over one process."""
+    assert real_k2["bits"] == {"w2m2": 0.0, "w1m2": 0.0}
+
+
+def test_an_epochs_order_is_distributed_samplers_interleaving():
+    """epoch_order's row s = the shards of this process's ranks at step s, in rank order:
+    rank r's batch perm[r::k][s*b:(s+1)*b], as the book's DistributedSampler gives it."""
+    from dpscale.measure.torch_tta import epoch_order
+    perm = torch.randperm(203, generator=torch.Generator().manual_seed(1))
+    k, b = 4, 5
+    for ranks in ([0], [1], [2, 3], [0, 1, 2, 3]):
+        order = epoch_order(perm, k, b, ranks)
+        assert order.shape == (203 // (k * b), len(ranks) * b)
+        for s in range(len(order)):
+            want = torch.cat([perm[r::k][s * b:(s + 1) * b] for r in ranks])
+            assert torch.equal(order[s], want)
+
+
+def test_evaluations_come_finer_once_near_the_target_and_stay_fine():
+    from dpscale.measure.torch_tta import EvalSchedule
+    s = EvalSchedule({"tta_eval_every_samples": 100, "tta_eval_near_every_samples": 25, "tta_eval_near_margin": 0.1,
+                      "tta_target": 0.9})
+    seen, due = 0, []
+    accs = iter([0.5, 0.81, 0.7, 0.85, 0.95])
+    while len(due) < 5:
+        seen += 10
+        if s.due(seen, 10_000):
+            due.append(seen)
+            s.done(seen, next(accs))
+    assert due == [100, 200, 230, 250, 280]      # coarse to 0.81 (within 0.1 of 0.9), then every 25 (on 10-steps)
+    off = EvalSchedule({"tta_eval_every_samples": 100, "tta_eval_near_every_samples": 0, "tta_eval_near_margin": 0.1,
+                        "tta_target": 0.9})
+    off.done(100, 0.89)
+    assert off.next == 200 and off.due(150, 150)  # no fine cadence; the budget's end is always evaluated
 
 
 # ---------------------------------------------------------------- planning and the worker
@@ -142,14 +240,20 @@ def test_k_above_the_devices_is_emulated_not_skipped(tiny_data):
 # 32 test images right), so every seed converges after 32 samples. That learning
 # reaches a real target is the smoke DAG's job (16 px real data, target 0.6).
 TTA_TINY = {"tta_image_size": 16, "tta_train_images": 64, "tta_test_images": 32, "tta_per_rank_batch": 8,
-            "tta_target": 0.01, "tta_eval_every_samples": 32, "tta_max_epochs": 1, "tta_seeds": [1, 2, 3],
+            "tta_target": 0.01, "tta_eval_every_samples": 32, "tta_eval_near_every_samples": 16,
+            "tta_eval_near_margin": 0.05, "tta_max_epochs": 1, "tta_seeds": [1, 2, 3],
             "tta_warmup_epochs": 0.5, "tta_ks_emulated": [], "tta_timeout_s": 120}
 
 
-@pytest.mark.parametrize("k,variant", [(1, "book"), (2, "linear"), (4, "book")])
+@pytest.mark.multiproc
+@pytest.mark.parametrize("k,variant", [(1, "book"), (2, "linear"), (4, "book"), (1, "book_fp32")])
 def test_tta_worker_scores_its_seeds(tiny_data, tmp_path, k, variant):
     """k=1 and k=2 are real DDP over gloo; k=4 on this 2-device stand-in is emulated (2 x 2 ranks)."""
-    rc, res, log = run_job(make_spec(tiny_data, "ddp_tta", k, variant, proto=TTA_TINY), tmp_path)
+    spec = make_spec(tiny_data, "ddp_tta", k, variant, proto=TTA_TINY)
+    if variant == "book_fp32":   # planned on a CPU and skipped there (it *is* the CPU's step); its code path runs here
+        assert spec["skip_reason"] == "book_fp32 needs a CUDA GPU"
+        spec["skip_reason"] = None
+    rc, res, log = run_job(spec, tmp_path)
     assert rc == 0 and res["status"] == "ok", log[-3000:]
     m = res["metrics"]
     assert m["lr_rule"] == variant and m["seeds"] == [1, 2, 3] and m["target_accuracy"] == 0.01
@@ -158,7 +262,27 @@ def test_tta_worker_scores_its_seeds(tiny_data, tmp_path, k, variant):
     for r in m["runs"]:
         assert r["converged"] and r["curve"][0]["samples"] == max(32, 8 * k) == r["samples_to_target"]
         assert 0 < r["eval_s"] < r["seconds_to_target"]   # the evaluation is on the clock
+        assert r["crossing_status"] == "starts_above" and r["interpolated_samples_to_target"] == r["samples_to_target"]
+        assert r["curve"][0]["eval_s"] == r["eval_s"] and r["curve"][0]["train_samples_per_s"] > 0
     assert m["scored"] and m["samples_to_target"] == max(32, 8 * k) and m["tta_s"] > 0
+    assert m["interpolated_samples_to_target"] == m["samples_to_target"]
+    assert m["crossing_resolution_samples_max"] == max(32, 8 * k)
+    assert m["evaluations_total"] == 3 and 0 < m["eval_share_of_clock"] < 1
+    assert m["eval_s_per_evaluation"] == pytest.approx(m["eval_s_total"] / 3)
+    # which step ran: the CPU's part of the tuned step, or the book's fp32 loop
+    assert m["cuda_graph"] is False and m["cuda_graph_error"] is None
+    if variant == "book_fp32":
+        assert m["step"] is None and m["step_txt"].startswith("the book's step")
+    else:
+        assert m["step"]["channels_last"] and "compile" not in m["step"] and "precision" not in m["step"]
+        assert m["step_txt"].startswith("fp32, channels_last, eager, SGD")
+    assert m["noise_probe"] is (k >= 2)
+    if k >= 2:
+        assert m["b_simple_samples_covers"] and m["noise_steps"] == 3 * max(1, 32 // (8 * k))
+        assert all(len(r["noise_g2_grad_sq_steps"]) == r["noise_steps"] for r in m["runs"])
+    beats = [line for line in log.splitlines() if "[tta seed " in line]
+    assert len(beats) == 3 and re.search(r"\[tta seed 1\] epoch 0\.\d\d samples [\d,]+ acc \d\.\d{4} train "
+                                         r"[\d,]+ samples/s clock \d+\.\d s", beats[0]), beats
 
 
 def test_a_settled_point_launches_no_more_seeds(monkeypatch):
@@ -170,8 +294,9 @@ def test_a_settled_point_launches_no_more_seeds(monkeypatch):
 
     def launch(ctx, seed):
         launched.append(seed)
-        return {"seed": seed, "converged": seed > 2, "eval_s": 0.1, **{f"{m}_to_target": None if seed <= 2 else 1.0
-                                                                        for m in tta.MEASURES}}
+        return {"seed": seed, "converged": seed > 2, "eval_s": 0.1, "evaluations": 1, "eval_s_max": 0.1, "clock_s": 1.0,
+                "cuda_graph": False, "warmup_s": 0.0, "crossing_resolution_samples": None,
+                **{f"{m}_to_target": None if seed <= 2 else 1.0 for m in tta.MEASURES + tta.INTERPOLATED}}
     monkeypatch.setattr(torch_tta, "one_launch", launch)
     ctx = SimpleNamespace(proto=TTA_TINY, spec={"k": 1, "variant": "book", "config": {"variant": {"lr_scaling": "constant"}}},
                           world=1, rank=0)
@@ -185,11 +310,34 @@ def test_a_settled_point_launches_no_more_seeds(monkeypatch):
 
 def test_too_few_images_for_the_largest_k_names_the_key():
     from dpscale.plan import config
-    # smoke: 2,000 images, 16 a rank: k=128 needs 2,048 for one global batch
-    cfg = {"scale": "smoke", "ks": [1, 2, 128], "hardware_file": None, "tuned": "auto", "experiments": "all",
+    # smoke: 2,000 images, 8 a rank: k=256 needs 2,048 for one global batch
+    cfg = {"scale": "smoke", "ks": [1, 2, 256], "hardware_file": None, "tuned": "auto", "experiments": "all",
            "watchdog": {"hang_timeout_s": "auto", "grace_s": 15}, "data": {"source": "auto"},
-           "scales": {"smoke": {"global_batch": 128}}}
+           "scales": {"smoke": {"global_batch": 256}}}
     with pytest.raises(config.ConfigError, match=r"scales.smoke.tta_train_images: 2000 images .* 2048"):
         config.resolve(cfg, CPU_FP)
     cfg["scales"]["smoke"]["tta_train_images"] = 2048
     assert config.resolve(cfg, CPU_FP)["protocol"]["tta_train_images"] == 2048
+
+
+def test_b_simple_pooled_over_seeds_keeps_each_block_within_one_seed():
+    """One run: the same ratio as b_simple_window. Two runs: the ratio of the means over
+    every step, the interval from blocks cut within each run (20 blocks of 10 steps)."""
+    import numpy as np
+    from dpscale.analysis import stateff
+    rng = np.random.default_rng(0)
+    runs = [(rng.normal(2.0, 0.3, 100), rng.normal(50.0, 5.0, 100)), (rng.normal(1.0, 0.3, 37), rng.normal(60.0, 5, 37))]
+    one = stateff.b_simple_pooled(runs[:1])
+    assert one["b_simple"] == pytest.approx(stateff.b_simple_window(*runs[0])["b_simple"])
+    both = stateff.b_simple_pooled(runs)
+    g2, tr = np.concatenate([r[0] for r in runs]), np.concatenate([r[1] for r in runs])
+    assert both["b_simple"] == pytest.approx(tr.mean() / g2.mean()) and both["steps"] == 137
+    assert both["blocks"] == 20 and both["ci_lo"] < both["b_simple"] < both["ci_hi"] and both["covers"] == stateff.POOLED
+    assert stateff.b_simple_pooled([([1.0], [2.0])])["ci_lo"] is None
+
+
+def test_interpolated_crossings_are_scored_as_mlperf_scores():
+    runs = [{"seed": s, "converged": True, **{f"{m}_to_target": v for m in tta.INTERPOLATED}} for s, v in
+            ((1, 3.0), (2, 1.0), (3, 2.0))]
+    f = tta.score_measures(runs, tta.INTERPOLATED)
+    assert f["interpolated_samples_to_target"] == 2.0 and f["interpolated_epochs_to_target_kept_seeds"] == [3]

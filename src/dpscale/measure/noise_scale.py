@@ -4,6 +4,11 @@ each rank's own gradient (batch b, before the all-reduce) averaged over the k ra
 |G_small|^2, and that of the averaged gradient (batch k x b, after it), |G_big|^2.
 dpscale.analysis.stateff turns them into |G|^2, tr(Sigma) and B_simple.
 
+Two probes: GradNoiseProbe (below) reads DDP's buckets in a comm hook and keeps Python
+lists, for an eager loop; StepNoiseProbe (at the end) computes the same numbers inside
+the step into static device buffers, so a step captured as one CUDA graph
+(torch_ddp.GraphedStep) measures on every replay: time to accuracy uses it.
+
 GradNoiseProbe serves both kinds of rank:
 - real DDP ranks (one rank a process): a DDP communication hook reads each bucket
   before its all-reduce (this rank's gradient) and after it (the average), and changes
@@ -222,18 +227,21 @@ class StepNoiseProbe:
         self._j, self._armed = j, synced and self.world > 1
 
     def after_backward(self, j: int, synced: bool) -> None:
+        cur = [p.grad for p in self.params]
         if self._armed:
             grow = _sq(self.local)
+        elif j > 0:
+            torch._foreach_sub_(self.kept, cur)      # in place: kept = -(this shard's growth), no 45 MB allocated
+            grow = _sq(self.kept)
         else:
-            cur = [p.grad for p in self.params]
-            grow = _sq(torch._foreach_sub(cur, self.kept)) if j > 0 else _sq(cur)
+            grow = _sq(cur)
         self._armed = False
         if j == 0:
             self.acc.copy_(grow)
         else:
             self.acc.add_(grow)
         if j < self.m - 1:
-            torch._foreach_copy_(self.kept, [p.grad for p in self.params])
+            torch._foreach_copy_(self.kept, cur)
 
     def step_done(self) -> None:
         big = _sq([p.grad for p in self.params])

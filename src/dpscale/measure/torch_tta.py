@@ -3,16 +3,48 @@ momentum, cross-entropy) until the test accuracy first reaches the scale's targe
 under MLPerf's clock (started before the data is touched, never paused, the
 evaluations on it), for each of several seeds; scored by dpscale.analysis.tta.
 
+The step. A GPU trains with the fastest step it has, the tuned throughput series'
+(the variant's `step` options, registry.TTA_STEP: bf16 autocast, channels_last, the
+model's exact transformations, torch.compile, fused SGD, the whole step replayed as one
+CUDA graph), built by torch_ddp's machinery (build_ddp, GraphedStep, autocast). Compile
+and capture happen before the clock, on random data, and the seeded weights are put
+back after (MLPerf's untimed initialisation: no training data is touched). A CPU runs
+the same sharded step eager in fp32 (step_options drops the GPU-only options); the
+book_fp32 variant runs the book's fp32 eager loop everywhere. The result says which
+step ran (`step`, `step_txt`, `cuda_graph`).
+
 A k above the devices present is *emulated* with DDP's semantics exactly: each
-process runs k / processes ranks' shards one after another (ShardedStep): BatchNorm
+process runs m = k / processes ranks' shards one after another (ShardedStep): BatchNorm
 sees each per-rank shard alone, the gradients are averaged over the global batch
 (1/m per shard here, DDP's mean over the processes), and the running statistics are
 rank 0's (its first shard's), which DDP broadcasts and evaluation uses.
-tests/test_tta.py holds this equal to a real k=2 DDP step.
+tests/test_tta.py holds this equal to a real k=2 DDP step, for the book's step and for
+the tuned one (on CPU in float64, compile and graphs off).
+
+Evaluation: on rank 0's device, the correct count accumulated there, one host read per
+evaluation; each evaluation timed between two synchronisations. The GPU's state is
+sampled at every evaluation. Once the accuracy is within tta_eval_near_margin of the
+target, evaluations come every tta_eval_near_every_samples (EvalSchedule), so that the
+crossing, interpolated between the two evaluations that bracket it
+(dpscale.analysis.stateff.crossing), is resolved finely; MLPerf's first-evaluation
+values are kept beside it.
+
+The gradient noise scale (k >= 2): per step the mean over the k ranks of |G_small|^2
+and |G_big|^2, measured inside the step (measure.noise_scale.StepNoiseProbe), then
+B_simple over the steps before the target, per seed and pooled over seeds.
+
+Heartbeat: rank 0 prints one line per evaluation to the job's log, flushed:
+
+    [tta seed 3] epoch 2.50 samples 150,000 acc 0.8841 train 23,950 samples/s clock 7.1 s
+
+seed; epochs and samples trained so far (all k ranks together); the test accuracy of
+this evaluation; training samples/s since the previous line (its evaluation excluded);
+seconds on the MLPerf clock. `tail -f logs/ddp_tta/book/k4.log` follows a job.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 
 import torch
@@ -21,46 +53,213 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dpscale.data import load as dsdata
-from dpscale.analysis import tta
+from dpscale.analysis import stateff, tta
+from dpscale.measure.noise_scale import StepNoiseProbe
 from dpscale.measure.timing import sync
-from dpscale.measure.torch_job import Ctx
+from dpscale.measure.torch_ddp import GraphedStep, autocast, build_ddp, graph_side_stream
+from dpscale.measure.torch_job import Ctx, sample_gpu
+from dpscale.model import tuned_model
 from dpscale.model.models import torch_resnet18
 
 EVAL_BATCH = 1000
+# Step options only a CUDA device runs: a CPU runs the rest of the step (the model's
+# transformations, channels_last, the sharded accumulation) eager in fp32 (bf16 on a CPU
+# without bf16 units is emulated and slower, and the smoke protocol is calibrated in fp32).
+GPU_ONLY = ("precision", "compile", "cuda_graph", "optimizer")
+WARMUP_CALLS = GraphedStep.EAGER_STEPS + 2   # the eager steps, the capture, one replay
 
+
+def step_options(ctx: Ctx) -> dict | None:
+    """The tuned options this process's step runs with: the variant's `step` (the spec's
+    config.variant.step) on CUDA, without GPU_ONLY elsewhere; None: the book's fp32 eager step."""
+    declared = ctx.spec["config"].get("variant", {}).get("step")
+    if declared is None:
+        return None
+    opts = dict(declared) if ctx.cuda else {k: v for k, v in declared.items() if k not in GPU_ONLY}
+    if opts.get("precision") not in (None, "bf16"):
+        raise ValueError(f"time to accuracy runs bf16 or fp32, not {opts['precision']!r} (fp16 needs loss scaling)")
+    return opts
+
+
+def describe(opts: dict | None) -> str:
+    """The step that ran, in words (the result's step_txt)."""
+    if opts is None:
+        return "the book's step: fp32, eager, SGD"
+    words = ["bf16 autocast" if opts.get("precision") else "fp32",
+             "channels_last" if opts.get("channels_last") else "",
+             "torch.compile" if opts.get("compile") else "eager", "fused SGD" if opts.get("optimizer") else "SGD",
+             "one CUDA graph per step" if opts.get("cuda_graph") else "",
+             "model: " + ", ".join(f"{k} {v}" for k, v in tuned_model.choices(opts).items())]
+    return ", ".join(w for w in words if w)
+
+
+# ---------------------------------------------------------------- the step
 
 class ShardedStep:
-    """One training step of k ranks' shards, m = len(shards) of them in this process.
+    """One training step of k ranks' shards, m = k / processes of them in this process.
     m = 1 is plain DDP. m > 1 accumulates the shards' gradients, each loss scaled by
     1/m, under no_sync() until the last, whose backward all-reduces (DDP's mean over
     the processes); BatchNorm normalises each shard by its own statistics (one
     forward per shard), and the running statistics after the step are those the
-    first shard left (rank 0's: the other ranks' never reach the model DDP keeps)."""
+    first shard left (rank 0's: the other ranks' never reach the model DDP keeps).
 
-    def __init__(self, model, opt):
-        self.model, self.opt = model, opt
+    (X, y) -> loss, X holding this process's m shards in rank order (m x the per-rank
+    batch); the caller zeroes the grads (GraphedStep does, and replays the whole call as
+    one CUDA graph: every tensor it touches is allocated before or inside the capture).
+    cast: the autocast context (bf16) or nullcontext; probe: a StepNoiseProbe or None."""
+
+    def __init__(self, model, opt, m: int, cast=contextlib.nullcontext, probe=None):
+        self.model, self.opt, self.m, self.cast, self.probe = model, opt, int(m), cast, probe
         self.loss_fn = nn.CrossEntropyLoss()
+        self.buffers = list(model.buffers())
+        self.kept = [torch.empty_like(b) for b in self.buffers] if self.m > 1 else []
 
-    def __call__(self, shards: list[tuple[torch.Tensor, torch.Tensor]], lr: float):
-        for g in self.opt.param_groups:
-            g["lr"] = lr
-        self.opt.zero_grad(set_to_none=True)
-        m, kept, loss = len(shards), None, None
-        for j, (X, y) in enumerate(shards):
-            quiet = self.model.no_sync() if j < m - 1 and isinstance(self.model, DDP) else contextlib.nullcontext()
+    def __call__(self, X, y):
+        b, m, loss = X.shape[0] // self.m, self.m, None
+        for j in range(m):
+            last = j == m - 1
+            quiet = self.model.no_sync() if not last and isinstance(self.model, DDP) else contextlib.nullcontext()
             with quiet:
-                out = self.model(X)
+                with self.cast():
+                    loss = self.loss_fn(self.model(X[j * b:(j + 1) * b]), y[j * b:(j + 1) * b])
                 if j == 0 and m > 1:
-                    kept = [b.detach().clone() for b in self.model.buffers()]
-                loss = self.loss_fn(out, y)
+                    torch._foreach_copy_(self.kept, self.buffers)   # rank 0's running statistics
+                if self.probe is not None:
+                    self.probe.before_backward(j, last)
                 (loss / m).backward()
-        if kept is not None:
-            with torch.no_grad():
-                for b, v in zip(self.model.buffers(), kept):
-                    b.copy_(v)
+                if self.probe is not None:
+                    self.probe.after_backward(j, last)
+        if m > 1:
+            torch._foreach_copy_(self.buffers, self.kept)
+        if self.probe is not None:
+            self.probe.step_done()
         self.opt.step()
         return loss
 
+
+def step_ctx(ctx: Ctx, opts: dict) -> Ctx:
+    """ctx as torch_ddp's tuned builders read it: the spec's config.tuned = the options that run here."""
+    c = copy.copy(ctx)
+    c.spec = {**ctx.spec, "config": {**ctx.spec["config"], "tuned": dict(opts)}}
+    return c
+
+
+def seeded_model(seed: int, device):
+    """build_ddp's model_apply: the seeded network (the same initial weights at every k
+    and for every step), then the options' function-preserving transformations."""
+    def make(_, opts):
+        torch.manual_seed(seed)
+        return tuned_model.apply(torch_resnet18().to(device), opts)
+    return make
+
+
+def build_model(ctx: Ctx, seed: int, opts: dict | None, **ddp_kwargs):
+    """(the DDP model, the CUDA graph's side stream or None). opts None: the book's model."""
+    if opts is None:
+        torch.manual_seed(seed)
+        net = torch_resnet18().to(ctx.device)
+        return DDP(net, device_ids=[ctx.local_rank] if ctx.cuda else None, **ddp_kwargs), None
+    sctx = step_ctx(ctx, opts)
+    side = graph_side_stream(sctx, True)
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        model = build_ddp(sctx, tuned=True, model_apply=seeded_model(seed, ctx.device), **ddp_kwargs)
+    return model, side
+
+
+class Trainer:
+    """One launch's model, optimiser and step, as they run on this device.
+
+    step(X, y, lr): one training step at learning rate lr; evaluate(x, y): rank 0's
+    accuracy; warm_up(shape): compile and capture on random data, then the initial
+    state back (GPU only)."""
+
+    def __init__(self, ctx: Ctx, seed: int, m: int, batch: int, opts: dict | None, probe_capacity: int = 0,
+                 **ddp_kwargs):
+        self.opts, self.m = opts, m
+        self.model, side = build_model(ctx, seed, opts, **ddp_kwargs)
+        o = opts or {}
+        self.channels_last = bool(o.get("channels_last"))
+        self.cast = (lambda: autocast(step_ctx(ctx, o), True)) if o.get("precision") else contextlib.nullcontext
+        params = list(self.model.parameters())
+        fused = bool(o.get("optimizer"))
+        # A fused SGD takes the lr as a device tensor: refilled per step, read by a replayed graph.
+        self.lr = torch.tensor(tta.BASE_LR, dtype=params[0].dtype, device=params[0].device) if fused else None
+        self.opt = torch.optim.SGD(params, lr=self.lr if fused else tta.BASE_LR, **({"fused": True} if fused else {}))
+        k = m * (dist.get_world_size(self.model.process_group) if dist.is_initialized() else 1)
+        self.probe = StepNoiseProbe(self.model, batch, m, probe_capacity) if probe_capacity and k >= 2 else None
+        self.sharded = ShardedStep(self.model, self.opt, m, self.cast, self.probe)
+        self.run = GraphedStep(self.sharded, self.opt, side) if side is not None else self._eager
+        self.warmup_s = 0.0
+
+    def _eager(self, X, y):
+        self.opt.zero_grad(set_to_none=True)
+        return self.sharded(X, y)
+
+    def step(self, X, y, lr: float) -> bool:
+        """One step; True when the noise probe's rows are full (flush before the next)."""
+        if self.lr is not None:
+            self.lr.fill_(lr)
+        else:
+            for g in self.opt.param_groups:
+                g["lr"] = lr
+        self.run(X, y)
+        return self.probe.stepped() if self.probe is not None else False
+
+    @property
+    def graphed(self) -> GraphedStep | None:
+        return self.run if isinstance(self.run, GraphedStep) else None
+
+    def net(self) -> nn.Module:
+        """The module DDP keeps, uncompiled: evaluation runs it eager (no recompile for eval mode)."""
+        net = self.model.module
+        return getattr(net, "_orig_mod", net)
+
+    def inputs(self, xb: torch.Tensor) -> torch.Tensor:
+        """uint8 images -> float / 255 (ToTensor), [N, 1, H, W], channels_last where the step is."""
+        X = xb.unsqueeze(1).float().div_(255)
+        return X.contiguous(memory_format=torch.channels_last) if self.channels_last else X
+
+    def evaluate(self, x, y) -> float:
+        """Top-1 accuracy of the model DDP keeps on rank 0 (rank 0's running statistics),
+        counted on the device: one host read for the whole test set."""
+        net = self.net()
+        net.eval()
+        correct = torch.zeros((), dtype=torch.int64, device=x.device)
+        with torch.no_grad(), self.cast():
+            for i in range(0, len(x), EVAL_BATCH):
+                correct += (net(self.inputs(x[i:i + EVAL_BATCH])).argmax(1) == y[i:i + EVAL_BATCH]).sum()
+        net.train()
+        return int(correct) / len(x)
+
+    def warm_up(self, ctx: Ctx, size: int, batch: int, test_images: int) -> None:
+        """Compile, cudnn's autotuning and the CUDA graph's capture, before the clock: the
+        step run WARMUP_CALLS times on random data (no training data touched), one
+        evaluation batch, then the seeded weights and statistics put back in place (the
+        graph keeps reading the same tensors) and the probe's rows forgotten. GPU only:
+        an eager CPU step has nothing to warm."""
+        if not ctx.cuda or self.opts is None:
+            return
+        t0 = time.perf_counter()
+        state = list(self.model.module.state_dict().values())
+        initial = [t.detach().clone() for t in state]
+        g = torch.Generator(device=ctx.device).manual_seed(12345)
+        n = max(self.m * batch, min(EVAL_BATCH, test_images))
+        X = torch.randint(0, 256, (n, size, size), generator=g, device=ctx.device, dtype=torch.uint8)
+        y = torch.randint(0, 10, (n,), generator=g, device=ctx.device)
+        for _ in range(WARMUP_CALLS):
+            if self.step(self.inputs(X[:self.m * batch]), y[:self.m * batch], tta.BASE_LR):
+                self.probe.reset()
+        if ctx.rank == 0:
+            self.evaluate(X[:min(EVAL_BATCH, test_images)], y[:min(EVAL_BATCH, test_images)])
+        with torch.no_grad():
+            torch._foreach_copy_(state, initial)
+        if self.probe is not None:
+            self.probe.reset()
+        sync(ctx.device)
+        self.warmup_s = time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------- data and evaluation
 
 def layout(ctx: Ctx) -> tuple[int, list[int]]:
     """(k, the ranks this process runs): process p of w runs ranks p*m .. p*m+m-1."""
@@ -69,34 +268,13 @@ def layout(ctx: Ctx) -> tuple[int, list[int]]:
     return k, list(range(ctx.rank * m, ctx.rank * m + m))
 
 
-def step_shards(x, y, perm: torch.Tensor, k: int, batch: int, ranks: list[int], step: int):
-    """Rank r's batch at `step` is perm[r::k][step*batch:(step+1)*batch] (DistributedSampler's
-    interleaving, drop_last), as uint8 -> float /255 (ToTensor)."""
-    out = []
-    for r in ranks:
-        idx = perm[r::k][step * batch:(step + 1) * batch]
-        out.append((x[idx].unsqueeze(1).float().div_(255), y[idx]))
-    return out
-
-
-def evaluate(model, x, y) -> float:
-    """Top-1 accuracy of the model DDP keeps on rank 0 (rank 0's running statistics)."""
-    net = model.module if isinstance(model, DDP) else model
-    net.eval()
-    correct = 0
-    with torch.no_grad():
-        for i in range(0, len(x), EVAL_BATCH):
-            xb = x[i:i + EVAL_BATCH].unsqueeze(1).float().div_(255)
-            correct += int((net(xb).argmax(1) == y[i:i + EVAL_BATCH]).sum())
-    net.train()
-    return correct / len(x)
-
-
-def build(ctx: Ctx, seed: int):
-    torch.manual_seed(seed)
-    model = torch_resnet18().to(ctx.device)
-    model = DDP(model, device_ids=[ctx.local_rank] if ctx.cuda else None)
-    return model, torch.optim.SGD(model.parameters(), lr=tta.BASE_LR)
+def epoch_order(perm: torch.Tensor, k: int, batch: int, ranks: list[int]) -> torch.Tensor:
+    """[steps, m x batch]: row s holds this process's ranks' batches at step s, in rank
+    order. Rank r's batch at step s is perm[r::k][s*batch:(s+1)*batch] (DistributedSampler's
+    interleaving, drop_last): element (s, i) of rank r is perm[(s*batch + i)*k + r]."""
+    steps = len(perm) // (k * batch)
+    grid = perm[:steps * batch * k].view(steps, batch, k)
+    return grid[:, :, ranks].transpose(1, 2).reshape(steps, len(ranks) * batch)
 
 
 def stage_data(ctx: Ctx):
@@ -114,52 +292,166 @@ def broadcast_float(ctx: Ctx, value: float) -> float:
     return float(t.item())
 
 
-def one_launch(ctx: Ctx, seed: int) -> dict:
-    """One seeded launch: until the first evaluation at or above the target, or the
-    epoch budget. The clock starts before the data is staged and never stops; every
-    evaluation is on it (its share recorded as eval_s)."""
+class EvalSchedule:
+    """When to evaluate: every tta_eval_every_samples training samples (MLPerf's fixed
+    cadence), every tta_eval_near_every_samples once an evaluation has come within
+    tta_eval_near_margin of the target (for good: the accuracy is noisy, and the crossing
+    should not fall in a coarse bracket because one evaluation dipped), and at the budget."""
+
+    def __init__(self, p: dict):
+        self.every, self.near = p["tta_eval_every_samples"], p["tta_eval_near_every_samples"] or 0
+        self.margin, self.target = p["tta_eval_near_margin"], p["tta_target"]
+        self.next, self.fine = self.every, False
+
+    def due(self, seen: int, budget: float) -> bool:
+        return seen >= self.next or seen >= budget
+
+    def done(self, seen: int, accuracy: float) -> None:
+        if self.near and accuracy >= self.target - self.margin:
+            self.fine = True
+        while self.next <= seen:
+            self.next += self.near if self.fine else self.every
+
+
+class Curve:
+    """One launch's evaluations on the MLPerf clock, and the heartbeat line of each."""
+
+    def __init__(self, ctx: Ctx, seed: int, t0: float, started: float):
+        self.ctx, self.seed, self.t0 = ctx, seed, t0
+        self.points: list[dict] = []
+        self.last = (0, started)   # (samples, clock) at the end of the previous evaluation
+
+    def add(self, seen: int, acc: float, e0: float, e1: float, b_simple: float | None) -> None:
+        n = self.ctx.proto["tta_train_images"]
+        train_s = e0 - self.last[1]
+        sps = (seen - self.last[0]) / train_s if train_s > 0 else None
+        self.points.append({"samples": seen, "epochs": seen / n, "seconds": e1 - self.t0, "accuracy": acc,
+                            "eval_s": e1 - e0, "train_samples_per_s": sps, "b_simple_ema_samples": b_simple})
+        self.last = (seen, e1)
+        if self.ctx.rank == 0:
+            print(f"[tta seed {self.seed}] epoch {seen / n:.2f} samples {seen:,} acc {acc:.4f} train "
+                  f"{sps or 0:,.0f} samples/s clock {e1 - self.t0:.1f} s", flush=True)
+
+
+def absorb(noise, flushed: dict) -> None:
+    if noise is not None:
+        noise.update_many(flushed["g_small_sq"], flushed["g_big_sq"])
+
+
+def evaluation(ctx: Ctx, tr: Trainer, curve: Curve, seen: int, xt, yt, noise) -> float:
+    """One evaluation: timed between two synchronisations (the training before it is
+    done, the count is read), the probe's steps flushed, the GPU's state sampled."""
+    sync(ctx.device)
+    e0 = time.perf_counter()
+    acc = broadcast_float(ctx, tr.evaluate(xt, yt) if ctx.rank == 0 else 0.0)
+    sync(ctx.device)
+    e1 = time.perf_counter()
+    if tr.probe is not None:
+        absorb(noise, tr.probe.flush())
+    sample_gpu(ctx, f"seed {curve.seed} evaluation {len(curve.points) + 1} ({seen} samples)")
+    curve.add(seen, acc, e0, e1, noise.b_simple if noise is not None else None)
+    return acc
+
+
+# ---------------------------------------------------------------- one launch
+
+def train(ctx: Ctx, tr: Trainer, curve: Curve, data, noise) -> int:
+    """Train until an evaluation reaches the target or the epoch budget is spent; the samples trained."""
     p, scaling = ctx.proto, ctx.spec["config"]["variant"]["lr_scaling"]
     k, ranks = layout(ctx)
     batch, target = p["tta_per_rank_batch"], p["tta_target"]
-    model, opt = build(ctx, seed)
-    step_fn = ShardedStep(model, opt)
+    x, y, xt, yt = data
     warmup = int(p.get("tta_warmup_epochs", 0) * p["tta_train_images"])
     budget = p["tta_max_epochs"] * p["tta_train_images"]
+    schedule = EvalSchedule(p)
+    seen, epoch, acc = 0, 0, 0.0
+    while acc < target and seen < budget:
+        g = torch.Generator().manual_seed(curve.seed * 100_003 + epoch)   # the same order on every rank
+        order = epoch_order(torch.randperm(len(x), generator=g).to(ctx.device), k, batch, ranks)
+        for idx in order:
+            if tr.step(tr.inputs(x[idx]), y[idx], tta.lr_at(scaling, k, seen, warmup)):
+                absorb(noise, tr.probe.flush())
+            seen += k * batch
+            if schedule.due(seen, budget):
+                acc = evaluation(ctx, tr, curve, seen, xt, yt, noise)
+                schedule.done(seen, acc)
+                if acc >= target or seen >= budget:
+                    break
+        epoch += 1
+    return seen
+
+
+def one_launch(ctx: Ctx, seed: int) -> dict:
+    """One seeded launch: until the first evaluation at or above the target, or the
+    epoch budget. The clock starts before the data is staged and never stops; every
+    evaluation is on it (its share recorded as eval_s). The model's compilation and
+    graph capture come before it (Trainer.warm_up)."""
+    p = ctx.proto
+    k, ranks = layout(ctx)
+    batch = p["tta_per_rank_batch"]
+    capacity = p["tta_eval_every_samples"] // (k * batch) + 2   # the probe's rows between two evaluations
+    tr = Trainer(ctx, seed, len(ranks), batch, step_options(ctx), probe_capacity=capacity)
+    tr.warm_up(ctx, p["tta_image_size"], batch, p["tta_test_images"])
+    noise = stateff.NoiseScale(batch, k * batch) if tr.probe is not None else None
     sync(ctx.device)
     dist.barrier()
     t0 = time.perf_counter()                       # MLPerf's run_start: before the data is touched
-    x, y, xt, yt = stage_data(ctx)
-    seen, next_eval, curve, eval_s, epoch, reached = 0, p["tta_eval_every_samples"], [], 0.0, 0, None
-    while reached is None and seen < budget:
-        g = torch.Generator().manual_seed(seed * 100_003 + epoch)   # the same order on every rank
-        perm = torch.randperm(len(x), generator=g).to(ctx.device)
-        for s in range(len(x) // (k * batch)):
-            step_fn(step_shards(x, y, perm, k, batch, ranks, s), tta.lr_at(scaling, k, seen, warmup))
-            seen += k * batch
-            if seen >= next_eval or seen >= budget:
-                e0 = time.perf_counter()
-                acc = broadcast_float(ctx, evaluate(model, xt, yt) if ctx.rank == 0 else 0.0)
-                sync(ctx.device)
-                eval_s += time.perf_counter() - e0
-                curve.append({"samples": seen, "epochs": seen / len(x), "seconds": time.perf_counter() - t0,
-                              "accuracy": acc})
-                next_eval += p["tta_eval_every_samples"]
-                if acc >= target:
-                    reached = curve[-1]
-                    break
-                if seen >= budget:
-                    break
-        epoch += 1
-    ctx.log(f"seed {seed}: " + (f"{target:.0%} at {reached['samples']} samples ({reached['epochs']:.2f} epochs, "
-                                f"{reached['seconds']:.1f} s)" if reached else
-                                f"not converged in {seen} samples; best {max(c['accuracy'] for c in curve):.1%}"))
-    return {"seed": seed, "converged": reached is not None,
-            "seconds_to_target": reached["seconds"] if reached else None,
-            "samples_to_target": reached["samples"] if reached else None,
-            "epochs_to_target": reached["epochs"] if reached else None,
-            "eval_s": eval_s, "evaluations": len(curve), "samples_trained": seen,
-            "best_accuracy": max(c["accuracy"] for c in curve), "curve": curve}
+    data = stage_data(ctx)
+    curve = Curve(ctx, seed, t0, time.perf_counter())
+    seen = train(ctx, tr, curve, data, noise)
+    rec = launch_record(ctx, seed, curve.points, seen, noise)
+    g = tr.graphed
+    rec.update(warmup_s=tr.warmup_s, cuda_graph=g is not None and g.graph is not None,
+               cuda_graph_error=g.error if g is not None else None)
+    ctx.log(f"seed {seed}: " + (f"{p['tta_target']:.0%} at {rec['samples_to_target']} samples "
+                                f"({rec['epochs_to_target']:.2f} epochs, {rec['seconds_to_target']:.1f} s; interpolated "
+                                f"{rec['interpolated_epochs_to_target']:.3f} epochs)" if rec["converged"] else
+                                f"not converged in {seen} samples; best {rec['best_accuracy']:.1%}"))
+    return rec
 
+
+def launch_record(ctx: Ctx, seed: int, curve: list[dict], seen: int, noise) -> dict:
+    """A launch's record: MLPerf's first evaluation at or above the target (samples,
+    seconds, epochs _to_target), the crossing interpolated between the two evaluations
+    that bracket it (interpolated_*_to_target, with its resolution), the evaluations'
+    cost, and the noise scale over the steps before the target."""
+    p = ctx.proto
+    k = int(ctx.spec["k"])
+    evals = [c["eval_s"] for c in curve]
+    c = stateff.crossing(curve, p["tta_target"], sum(evals) / len(evals), p["tta_train_images"])
+    first = c["mlperf"]
+    n = p["tta_train_images"]
+    rec = {"seed": seed, "converged": first is not None,
+           "seconds_to_target": first["seconds"] if first else None,
+           "samples_to_target": first["samples"] if first else None,
+           "epochs_to_target": first["epochs"] if first else None,
+           "interpolated_seconds_to_target": c["seconds"], "interpolated_samples_to_target": c["samples"],
+           "interpolated_epochs_to_target": c["epochs"], "crossing_status": c["status"],
+           "crossing_bracket_samples": c["bracket_samples"], "crossing_resolution_samples": c["resolution_samples"],
+           "crossing_resolution_epochs": c["resolution_samples"] / n if c["resolution_samples"] else None,
+           "eval_s": sum(evals), "evaluations": len(curve), "eval_s_max": max(evals),
+           "clock_s": curve[-1]["seconds"], "samples_trained": seen,
+           "best_accuracy": max(pt["accuracy"] for pt in curve), "curve": curve}
+    steps = first["samples"] // (k * p["tta_per_rank_batch"]) if first else None
+    rec.update(noise_record(noise, steps))
+    return rec
+
+
+def noise_record(noise, steps: int | None) -> dict:
+    """B_simple over the launch's steps up to the target (all of them when it was not
+    reached), with its interval over blocks of consecutive steps; the per-step |G|^2 and
+    tr(Sigma) estimates kept for other windows and for pooling over seeds."""
+    if noise is None:
+        return {}
+    w = noise.window(0, steps)
+    return {"b_simple_samples": w["b_simple"], "b_simple_samples_ci_lo": w["ci_lo"],
+            "b_simple_samples_ci_hi": w["ci_hi"], "noise_steps": w["steps"],
+            "noise_g2_grad_sq": w["g2"], "noise_trace_grad_sq": w["trace"],
+            "b_simple_ema_samples": noise.b_simple,
+            "noise_g2_grad_sq_steps": noise.g2_steps, "noise_trace_grad_sq_steps": noise.trace_steps}
+
+
+# ---------------------------------------------------------------- the point: every seed
 
 def exp_tta(ctx: Ctx) -> dict:
     """Every seed of the protocol, one launch after another, scored as MLPerf does."""
@@ -176,13 +468,63 @@ def exp_tta(ctx: Ctx) -> dict:
         scored["no_result_reason"] += f"; seeds {', '.join(map(str, not_launched))} not launched (the score was settled)"
     conv = [r for r in runs if r["converged"]]
     scaling = ctx.spec["config"]["variant"]["lr_scaling"]
+    opts = step_options(ctx)
     return {"lr_rule": ctx.spec["variant"], "lr_scaling": scaling, "lr_base": tta.BASE_LR,
             "lr_peak": tta.lr_at(scaling, k, 1 << 62, 0), "warmup_epochs": p.get("tta_warmup_epochs", 0),
             "target_accuracy": p["tta_target"], "seeds": list(p["tta_seeds"]),
-            "eval_every_samples": p["tta_eval_every_samples"], "max_epochs": p["tta_max_epochs"],
+            "eval_every_samples": p["tta_eval_every_samples"],
+            "eval_near_every_samples": p["tta_eval_near_every_samples"],
+            "eval_near_margin": p["tta_eval_near_margin"], "max_epochs": p["tta_max_epochs"],
             "train_images": p["tta_train_images"], "test_images": p["tta_test_images"],
             "image_size": p["tta_image_size"], "per_rank_batch": p["tta_per_rank_batch"],
             "global_batch": k * p["tta_per_rank_batch"],
-            "not_launched_seeds": not_launched, "emulated": len(ranks) > 1, "processes": ctx.world, "ranks_per_process": len(ranks),
+            "not_launched_seeds": not_launched, "emulated": len(ranks) > 1, "processes": ctx.world,
+            "ranks_per_process": len(ranks),
             "eval_s_mean": sum(r["eval_s"] for r in conv) / len(conv) if conv else None,
-            **scored, "runs": runs}
+            **step_fields(opts, runs), **eval_fields(runs), **scored,
+            **tta.score_measures(runs, tta.INTERPOLATED), **resolution_fields(runs), **noise_fields(runs),
+            "runs": runs}
+
+
+def step_fields(opts: dict | None, runs: list[dict]) -> dict:
+    """Which step ran: the options that applied on this device, in words, and whether
+    every launch replayed it as a CUDA graph (the first capture error otherwise)."""
+    errors = [r["cuda_graph_error"] for r in runs if r.get("cuda_graph_error")]
+    return {"step": opts, "step_txt": describe(opts), "cuda_graph": bool(runs) and all(r["cuda_graph"] for r in runs),
+            "cuda_graph_error": errors[0] if errors else None,
+            "warmup_s_mean": sum(r["warmup_s"] for r in runs) / len(runs) if runs else None}
+
+
+def eval_fields(runs: list[dict]) -> dict:
+    """The evaluations' cost over every launch: seconds in all, per evaluation, and their
+    share of the MLPerf clock (each launch's clock at its last evaluation)."""
+    n = sum(r["evaluations"] for r in runs)
+    total, clock = sum(r["eval_s"] for r in runs), sum(r["clock_s"] for r in runs)
+    return {"evaluations_total": n, "eval_s_total": total, "eval_s_per_evaluation": total / n if n else None,
+            "eval_s_per_evaluation_max": max((r["eval_s_max"] for r in runs), default=None),
+            "eval_share_of_clock": total / clock if clock else None}
+
+
+def resolution_fields(runs: list[dict]) -> dict:
+    """The widest bracket any seed's interpolated crossing fell in (samples and epochs)."""
+    res = [r for r in runs if r["crossing_resolution_samples"] is not None]
+    worst = max(res, key=lambda r: r["crossing_resolution_samples"]) if res else None
+    return {"crossing_resolution_samples_max": worst["crossing_resolution_samples"] if worst else None,
+            "crossing_resolution_epochs_max": worst["crossing_resolution_epochs"] if worst else None}
+
+
+def noise_fields(runs: list[dict]) -> dict:
+    """B_simple pooled over the seeds (each seed's steps before its target), with the
+    interval over blocks of consecutive steps of those windows; absent at k = 1."""
+    have = [r for r in runs if "noise_g2_grad_sq_steps" in r]
+    if not have:
+        return {"noise_probe": False}
+    windows = [(r["noise_g2_grad_sq_steps"][:r["noise_steps"]], r["noise_trace_grad_sq_steps"][:r["noise_steps"]])
+               for r in have]
+    w = stateff.b_simple_pooled(windows)
+    return {"noise_probe": True, "b_simple_samples": w["b_simple"], "b_simple_samples_ci_lo": w["ci_lo"],
+            "b_simple_samples_ci_hi": w["ci_hi"], "b_simple_samples_covers": w["covers"],
+            "b_simple_method_txt": w["method"], "noise_steps": w["steps"],
+            "noise_g2_grad_sq": w["g2"], "noise_trace_grad_sq": w["trace"],
+            "noise_window_txt": "each seed's steps up to its first evaluation at or above the target "
+                                "(all its steps when it did not reach it)"}
