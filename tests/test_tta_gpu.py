@@ -103,6 +103,7 @@ def test_a_gpu_tta_job_runs_the_tuned_step_and_reads_the_gpu_at_each_evaluation(
     assert m["step"]["compile"] and m["step"]["cuda_graph"] and m["step"]["precision"] == "bf16", m["step"]
     assert m["cuda_graph"] is True and m["cuda_graph_error"] is None and m["warmup_s_mean"] > 0
     assert m["step_txt"].startswith("bf16 autocast, channels_last, torch.compile, fused SGD, one CUDA graph")
+    assert "devices" in res["gpu_state"], f"NVML is needed here (pip install -e '.[cuda]'): {res['gpu_state']}"
     labels = [s["when"] for d in res["gpu_state"]["devices"] for s in d["samples"]]
     assert sum("evaluation" in w for w in labels) == m["evaluations_total"] * gpus
     assert len(re.findall(r"\[tta seed \d\] epoch", log)) == m["evaluations_total"]
