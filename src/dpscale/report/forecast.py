@@ -82,16 +82,15 @@ def parts(results: dict, family: str, params_hint: float | None) -> dict:
 
 def payloads(probes: list[dict], census: list[dict], family: str, params_hint) -> tuple[tuple, str]:
     """One step's all-reduce payloads: XLA's (the census) for JAX, DDP's recorded buckets,
-    else DDP's default bucketing of the gradient bytes."""
+    else DDP's default bucketing of the gradient bytes (the probe's, the book's model, or
+    the pipeline's ResNet-18: models.NUM_PARAMS fp32 gradients)."""
     from dpscale.analysis.forecast import model as fc
+    from dpscale.model.models import NUM_PARAMS
     if family == "jax" and census and census[0].get("allreduce_elements"):
         return tuple(4.0 * x for x in census[0]["allreduce_elements"]), "XLA's all-reduces (the HLO census)"
     if family == "torch" and probes and probes[0].get("bucket_bytes"):
         return tuple(float(b) for b in probes[0]["bucket_bytes"]), "DDP's buckets (recorded by the probe)"
-    grad = next((p["grad_bytes"] for p in probes if p.get("grad_bytes")), None) or (
-        4.0 * params_hint if params_hint else None)
-    if not grad:
-        return (), "no gradient size recorded"
+    grad = next((p["grad_bytes"] for p in probes if p.get("grad_bytes")), None) or 4.0 * (params_hint or NUM_PARAMS)
     return tuple(fc.ddp_buckets(grad)), f"{grad / 1e6:.1f} MB of fp32 gradients in DDP's default buckets"
 
 
@@ -136,6 +135,7 @@ def given_fabric(paths, base: Path | None = None):
     intra = fabric_file.fabric_tiers(one[0]).intra if one else None
     multi = [s for s in sweeps if s.hosts > 1]
     tiers = fabric_file.fabric_tiers(multi[0], intra) if multi else None
+    intra = intra or (tiers.intra if tiers and tiers.per_node > 1 else None)   # "neglected", and says so
     names = "; ".join(f"{Path(s.source).name} ({s.ranks} ranks on {s.hosts} host(s)"
                       + (f", {s.gpu}" if s.gpu else "") + ")" for s in (one[:1] + multi[:1]))
     return fit.Given(intra, tiers.inter if tiers else None, tiers.per_node if tiers else None, names)
