@@ -61,7 +61,8 @@ def build(runs_dir, fingerprint_path, out_dir, *, targets=None, references=(), b
     captions = {spec.name: prose(f"figures/{spec.name}") for _chapter, spec in figure_specs()}
     render.write_all(out, pages, header(data), captions, csv_tables())
     from dpscale.report import tidy   # pandas: only here, never when the workflow is parsed
-    tidy.write(data.measured, out / "results.csv")
+    from dpscale.report.chapters.tta import tidy_rows
+    tidy.write(data.measured, out / "results.csv", tidy_rows(data))
     write_json_atomic(out / "plan.json", plan_record(data))
     forecast.write(out / "forecast.json", forecast.compute(data))
     counts = {m.label: m.counts() for m in data.measured}
