@@ -348,6 +348,16 @@ def test_the_reference_h200_series_reads_as_the_analysis_gives_it():
     assert four["inside_band"] is True
 
 
+def test_the_summary_ends_with_the_report_and_names_failures(built):
+    text = (built["out"] / "summary.txt").read_text()
+    last = text.rstrip("\n").splitlines()
+    assert last[-1] == f"report: {(built['out'] / 'report.html').resolve()}"
+    assert "ddp_memcpy_training/default/k2 hung" in text   # this run's, with its reason
+    mine = text[text.index("this run:"):text.index("h200x8:")]
+    assert re.search(r"\n\s+2\s+1\.60x \[[\d.]+, [\d.]+\]\s+[\d.]+x \[", mine), mine
+    assert "forecast knee" in mine and "soonest to 60%: k=" in mine and "fewest GPU-hours: k=" in mine
+
+
 def test_a_numpy_number_reaches_the_csv_as_a_number():
     """The forecast's numpy scalars were written as 'np.float64(0.98)' (repr of numpy 2's
     scalars) in the committed reports' forecast.csv; pandas read the column as text."""
