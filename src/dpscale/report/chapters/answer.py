@@ -11,7 +11,7 @@ from dpscale.report import forecast as fcr, tta
 from dpscale.report.document import Chapter, FigureSpec, Page
 from dpscale.report.machines import Machine, ReportData
 from dpscale.report.numbers import scaling
-from dpscale.report.chapters.common import figure, prose
+from dpscale.report.chapters.common import figure, prose, records_table
 from dpscale.report.chapters.tta import numbers, of, point_text
 
 FIGURES = (FigureSpec("answer", "Speed-up over one device against k, out to the forecast's nodes: samples/s "
@@ -91,12 +91,11 @@ def predicted_text(data: ReportData, m: Machine) -> str | None:
     far = at.get(32) or at[max(at)]   # 4 nodes of 8, else the farthest k
     nodes = (rule["rates"].get(far["k"]) or {}).get("nodes", 1)
     beyond = max(rule["measured_batches"], default=0)
-    return (f"predicted ({rule['rule']} LR; E(B) fitted to the seeds x samples/s, {tta.CLOCK}): the target is "
-            f"reached soonest at k={fast['k']} ({fast['time_s']:.1f} s [{fast['time_s_lo']:.1f}, "
-            f"{fast['time_s_hi']:.1f}], {x_text(_band(fast, 'speedup'))} k=1's speed; soonest in "
-            f"{fast['p_fastest']:.0%} of the draws), with the fewest GPU-hours at k={cheap['k']} "
-            f"({cheap['gpu_hours']:.2g} GPU-h); at k={far['k']}" + (f" ({nodes} nodes)" if nodes > 1 else "")
-            + f" {x_text(_band(far, 'speedup'))}" + (f"; batches above {beyond:,} extrapolated" if beyond else ""))
+    where = f"{nodes} nodes of {far['k'] // nodes}" if nodes > 1 else f"k={far['k']}"
+    return (f"predicted (E(B) fit / samples/s, {tta.CLOCK}): soonest at k={fast['k']}, "
+            f"{x_text(_band(fast, 'speedup'))} ({fast['time_s']:.1f} s; soonest in {fast['p_fastest']:.0%} of the "
+            f"draws); fewest GPU-hours at k={cheap['k']}; {where}: {x_text(_band(far, 'speedup'))}"
+            + (f" (batches above {beyond:,} extrapolated)" if beyond else ""))
 
 
 def _band(r: dict, key: str) -> dict:
@@ -111,7 +110,7 @@ def caveat(m: Machine) -> str:
 
 
 def short(data: ReportData, m: Machine) -> str | None:
-    """The answer for a machine with a time to accuracy, in one sentence."""
+    """The answer for a machine with a time to accuracy, in one sentence, then the forecast's."""
     rec = of(data, m)
     rule = tta.primary(rec) if rec else None
     rows = [r for r in speedups(data, m) if r["k"] > 1 and r["point"]]
@@ -128,20 +127,8 @@ def short(data: ReportData, m: Machine) -> str | None:
     parts += [f"k={r['k']}{emu(r)}: {r['point']['target']:.0%} not reached" + (
         f" within {r['point']['max_epochs']:g} epochs" if r["point"]["max_epochs"] else "")
               for r in rows if not r["point"]["scored"]]
-    f = (rule.get("forecast") or {}).get("clock")
-    if f and f["fastest_k"] is not None:
-        parts.append(f"predicted: soonest at k={f['fastest_k']}, fewest GPU-hours at k={f['cheapest_k']}")
-    return "; ".join(parts) + caveat(m)
-
-
-def detail(data: ReportData, m: Machine) -> list[str]:
-    """A machine's lines under the figure: each k against k=1, then the forecast's answer."""
-    rows = [r for r in speedups(data, m) if r["k"] > 1 and (r["point"] or (r["throughput"] or {}).get("source")
-                                                            == "measured")]
-    who = "the book" if m.kind == "book" else m.label
-    out = [f"{who} {k_text(r)}" for r in rows]
     pred = predicted_text(data, m)
-    return out + ([f"{who}, {pred}"] if pred else [])
+    return "; ".join(parts + ([pred] if pred else [])) + caveat(m)
 
 
 def line(data: ReportData, m: Machine) -> str | None:
@@ -153,18 +140,84 @@ def line(data: ReportData, m: Machine) -> str | None:
 
 
 def lines(data: ReportData) -> list[str]:
-    """The first screen's words: each machine with a time to accuracy (its answer, then
-    its k's and its forecast), then the others' samples/s."""
-    out, mine = [], [m for m, _r in numbers(data)]
-    for m in mine:
-        out += [t for t in [short(data, m)] if t] + detail(data, m)
+    """The first screen's words: each machine with a time to accuracy (its answer and its
+    forecast's), then the others' samples/s."""
+    mine = [m for m, _r in numbers(data)]
+    out = [t for m in mine if (t := short(data, m))]
     out += [t for m in data.machines if all(m is not x for x in mine) and (t := line(data, m))]
     return out or ["No scaling result yet."]
 
 
+COLUMNS = ["machine", "k", "run", "samples_per_s_from", "throughput_x", "throughput_ci", "tta_x", "tta_ci",
+           "tta_train_x", "tta_train_ci", "stat_eff", "stat_eff_ci", "note"]
+
+
+def _cells(t: dict, p: dict | None) -> dict:
+    """A row's numbers: samples/s, time to accuracy (both forms) and statistical efficiency."""
+    from dpscale.report.chapters.tta import iv, pc, times
+    g = (lambda key: (p or {}).get(key))
+    two = (lambda lo, hi: iv(lo, hi, lambda x: f"{x:.2f}"))
+    return {"samples_per_s_from": t.get("source", "not measured"), "throughput_x": times(t.get("value")),
+            "throughput_ci": two(t.get("lo"), t.get("hi")), "tta_x": times(g("speedup")),
+            "tta_ci": two(g("speedup_lo"), g("speedup_hi")), "tta_train_x": times(g("speedup_train")),
+            "tta_train_ci": two(g("speedup_train_lo"), g("speedup_train_hi")),
+            "stat_eff": pc(g("statistical_efficiency")),
+            "stat_eff_ci": iv(g("statistical_efficiency_lo"), g("statistical_efficiency_hi"),
+                              lambda x: f"{100 * x:.1f}%")}
+
+
+def table_rows(data: ReportData) -> list[dict]:
+    """Per machine, each k that ran (or was emulated) against k=1, then the forecast at the
+    soonest k, a full node and 4 nodes; time to accuracy in both forms, with intervals."""
+    out = []
+    mine = [m for m, _r in numbers(data)]
+    for m in mine + [m for m in data.machines if all(m is not x for x in mine)]:
+        who = "book" if m.kind == "book" else m.label
+        for r in speedups(data, m):
+            p, t = r["point"], r["throughput"] or {}
+            if r["k"] < 2 or not (p or t.get("source") == "measured"):
+                continue
+            note = (f"no score: {len(p['not_converged'])} seeds short of {p['target']:.0%}"
+                    + (f" in {p['max_epochs']:g} epochs" if p["max_epochs"] else "") if p and not p["scored"] else "")
+            out.append({"machine": who, "k": r["k"], "run": (p or {}).get("run", "real"), **_cells(t, p),
+                        "note": note})
+        out += predicted_rows(data, m, who)
+    return out
+
+
+def predicted_rows(data: ReportData, m: Machine, who: str) -> list[dict]:
+    """The forecast at the k that reaches the target soonest, at one node of 8 and at 4."""
+    rec = of(data, m)
+    rule = tta.primary(rec) if rec else None
+    f = (rule or {}).get("forecast")
+    if not f or f["clock"]["fastest_k"] is None:
+        return []
+    thr, out, fast = throughput(data, m), [], f["clock"]["fastest_k"]
+    for k, why in ((fast, "predicted soonest"), (8, "one node of 8"), (32, "4 nodes of 8")):
+        r, t = tta.forecast_row(rule, k), tta.forecast_row(rule, k, "train") or {}
+        if not r or r["speedup"] is None or any(x["k"] == k and x["run"] == "predicted" for x in out):
+            continue
+        band = {"speedup": r["speedup"], "speedup_lo": r["speedup_lo"], "speedup_hi": r["speedup_hi"],
+                "speedup_train": t.get("speedup"), "speedup_train_lo": t.get("speedup_lo"),
+                "speedup_train_hi": t.get("speedup_hi")}
+        out.append({"machine": who, "k": k, "run": "predicted", **_cells(thr.get(k) or {}, band),
+                    "note": f"{why}; the soonest in {r['p_fastest']:.0%} of draws" + (
+                        f"; fewest GPU-hours: k={f['clock']['cheapest_k']}" if k == fast else "")})
+    return out
+
+
 def page(data: ReportData) -> Page:
     ls = lines(data)
-    return Page("answer", CHAPTER.title, prose("answer"), figures=[figure(FIGURES[0], ls[0], ls[1:])])
+    return Page("answer", CHAPTER.title, prose("answer"), figures=[figure(FIGURES[0], ls[0], ls[1:])],
+                tables=[records_table("answer", "The answer per machine and k, speed-up over k=1: throughput_x in "
+                                      "samples/s; tta_x in time to accuracy, evaluation on the clock; tta_train_x, "
+                                      "training only; stat_eff, statistical efficiency", table_rows(data), COLUMNS,
+                                      note=TABLE_NOTE)])
 
 
-CHAPTER = Chapter("answer", "Will k GPUs train sooner?", FIGURES, (), page)
+TABLE_NOTE = ("Intervals (_ci): 95% over independent seeded launches for time to accuracy and statistical "
+              "efficiency; samples/s its own 95% interval where measured, the throughput forecast's band where "
+              "forecast. Predicted rows: the E(B) fit over samples/s(k), a joint band.")
+
+
+CHAPTER = Chapter("answer", "Will k GPUs train sooner?", FIGURES, ("answer",), page)
