@@ -53,7 +53,7 @@ def rule_series(m, rule: str) -> dict[int, tuple[dict, str]]:
     if v is not None and v.same_below:
         for k, r in m.series("ddp_tta", v.same_below).items():
             if k < v.min_k and k not in out:
-                out[k] = (r, f"{run_kind(r)}, the {v.same_below} rule's run (the same rule at k={k})")
+                out[k] = (r, f"{run_kind(r)}: the {v.same_below} rule's run")   # the same rule at this k
     return out
 
 

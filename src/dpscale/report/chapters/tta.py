@@ -137,6 +137,8 @@ def tta_rows(data: ReportData) -> list[dict]:
 def seed_rows(data: ReportData) -> list[dict]:
     rows = []
     for m, rule, p in each_point(data):
+        if "rule's run" in p["run"]:
+            continue   # another rule's seeds (linear at k=1 is the book's run): listed once, under that rule
         n = p["train_images"]
         e = (lambda x: ep(x / n if x is not None and n else None))
         for s in p["seeds"]:
@@ -357,7 +359,7 @@ def page(data: ReportData) -> Page:
     notes = missing_notes(data, "ddp_tta")
     check = check_text(data)
     return Page("tta", CHAPTER.title, prose("tta"),
-                figures=[figure(FIGURES[0], epochs_headline(data), notes + ([check] if check else [])),
+                figures=[figure(FIGURES[0], epochs_headline(data) + (f". {check}" if check else ""), notes),
                          figure(FIGURES[1], headline(data), notes)], tables=tables(data))
 
 
