@@ -53,7 +53,8 @@ def test_onerror_names_the_failed_jobs_with_their_logs(tmp_path):
     smk_log = tmp_path / "snakemake.log"
     smk_log.write_text(f"Error in rule report:\n    jobid: 0\n    input: a, b\n    output: c\n"
                        f"    log: {tmp_path / 'report.log'} (check log file(s) for error details)\n    shell: x\n")
-    text = summary.closing([], tmp_path / "summary.txt", tmp_path / "report.html", snakemake_log=smk_log, failed=True)
+    text = summary.closing([], tmp_path / "summary.txt", tmp_path / "report.html", snakemake_log=[str(smk_log)],
+                           failed=True)   # Snakemake 9 passes its log files as a list
     lines = text.splitlines()
     assert lines[0].startswith("Snakemake stopped: 1 job(s) failed")
     assert lines[1] == f"  rule report: log {tmp_path / 'report.log'}" and "    | ValueError: no figure" in lines

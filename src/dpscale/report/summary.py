@@ -119,7 +119,8 @@ def text(data, html_path) -> str:
            "samples to target x (1 / samples/s + evaluation per sample), and training only; chapter 'Will k GPUs "
            "train sooner?')", ""]
     for m in data.machines:
-        block = machine_lines(data, m)
+        block = machine_lines(data, m) or ([f"{m.label}: {m.hardware}, {m.scale} scale: no speed-up yet (needs k=1 "
+                                            "and a larger k)"] if m is data.current else [])
         out += block + ([""] if block else [])
     cur = data.current
     out += (failed_lines(cur) or [f"{cur.label}: every planned measurement left a number or was skipped"]) if cur \
@@ -138,12 +139,21 @@ def _newest(paths) -> float:
     return max((Path(p).stat().st_mtime for p in paths if Path(p).exists()), default=0.0)
 
 
+def _logs(snakemake_log) -> list[str]:
+    """Snakemake's log file(s): onerror's `log` is one path or (Snakemake 9) a list."""
+    if not snakemake_log:
+        return []
+    return [str(x) for x in snakemake_log] if isinstance(snakemake_log, (list, tuple)) else [str(snakemake_log)]
+
+
 def failed_jobs(snakemake_log) -> list[tuple[str, list[str]]]:
     """(rule, its log files) of every job Snakemake reported as failed in its log."""
-    try:
-        lines = Path(snakemake_log).read_text(errors="replace").splitlines()
-    except (OSError, TypeError):
-        return []
+    lines = []
+    for path in _logs(snakemake_log):
+        try:
+            lines += Path(path).read_text(errors="replace").splitlines()
+        except OSError:
+            continue
     out = []
     for i, line in enumerate(lines):
         m = re.match(r"\s*Error in rule (\S+?):", line)
@@ -164,7 +174,8 @@ def tail(path, n: int = 6) -> list[str]:
 def error_lines(snakemake_log) -> list[str]:
     """After a Snakemake error: each failed job's rule, log and the log's last lines."""
     jobs = failed_jobs(snakemake_log)
-    out = [f"Snakemake stopped: {len(jobs)} job(s) failed" + (f" (its log: {snakemake_log})" if snakemake_log else "")]
+    logs = ", ".join(_logs(snakemake_log))
+    out = [f"Snakemake stopped: {len(jobs)} job(s) failed" + (f" (its log: {logs})" if logs else "")]
     for rule, logs in jobs:
         out.append(f"  rule {rule}: log {', '.join(logs) or 'none declared'}")
         out += [f"    | {x}" for path in logs for x in tail(path)]
