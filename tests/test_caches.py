@@ -199,3 +199,59 @@ def test_entries_gone_bad_are_compiled_again_and_the_job_stays_ok(jax_two_launch
     rc, r, log = run_job(one, tmp_path / "job", cache_dir=tmp_path / "cache")
     assert rc == 0 and r["status"] == "ok", log[-3000:]
     assert r["metrics"]["compile_cache"]["written"] > 0 and r["metrics"]["compile_cache"]["loaded"] == 0
+
+
+# ---------------------------------------------------------------- the config key, in the workflow
+
+def test_cache_dir_resolves_to_one_absolute_folder(tmp_path, monkeypatch):
+    from dpscale.plan import config
+    assert config.resolve_cache({}, {"XDG_CACHE_HOME": "/x/cache", "HOME": "/home/u"}) == {"dir": "/x/cache/dpscale"}
+    assert config.resolve_cache({"cache": {"dir": None}}, {"HOME": "/home/u"}) == {"dir": "/home/u/.cache/dpscale"}
+    monkeypatch.chdir(tmp_path)
+    assert config.resolve_cache({"cache": {"dir": "c"}}, {}) == {"dir": str(tmp_path / "c")}   # from the working folder
+    assert config.resolve_cache({"cache": {"dir": "/scratch/c"}}, {}) == {"dir": "/scratch/c"}
+
+
+@pytest.mark.workflow
+def test_moving_the_cache_reruns_nothing_and_reaches_the_watchdog(primed, tmp_path):
+    """cache.dir is a resource, as locks.dir is: a job that ran with one cache folder is
+    up to date with another, and the watchdog's command line carries the new one."""
+    from conftest import SMALL, copy_primed, job_counts, smk
+    repo = copy_primed(primed, tmp_path / "repo")
+    target = "results/runs/ddp_weak/cached/k1.json"
+    cfg = ["--config", *SMALL, "ks=[1]", "experiments=[ddp_weak]", f"locks={{dir: {tmp_path / 'locks'}}}"]
+    smk(repo, "--cores", "2", target, *cfg, f"cache={{dir: {tmp_path / 'a'}}}")
+    assert (tmp_path / "a").is_dir() and any(p.name.startswith("torch-") for p in (tmp_path / "a").iterdir())
+    res = json.loads((repo / target).read_text())
+    assert res["status"] == "ok" and res["metrics"]["start_s"] > 0 and res["metrics"]["wall_s"] > 0
+    moved = smk(repo, "-n", "--cores", "2", target, *cfg, f"cache={{dir: {tmp_path / 'b'}}}")
+    assert "Nothing to be done" in moved.stdout, moved.stdout[-2000:]
+    forced = smk(repo, "-n", "-p", "--cores", "2", target, "--forcerun", "ddp_weak", *cfg,
+                 f"cache={{dir: {tmp_path / 'b'}}}")
+    assert f"--cache-dir {tmp_path / 'b'}" in forced.stdout and job_counts(forced.stdout) == {"ddp_weak": 1}
+
+
+# ---------------------------------------------------------------- the report's cost table
+
+def test_the_cost_table_lists_each_job_its_launches_and_a_total():
+    from dpscale.report.chapters import provenance
+    from dpscale.report.machines import Machine, ReportData
+
+    def res(exp, variant, k, status="ok", **metrics):
+        return {"experiment": exp, "variant": variant, "k": k, "status": status, "metrics": metrics}
+    m = Machine("current", "current", "this run", {}, results={
+        ("ddp_weak", "cached", 1): res("ddp_weak", "cached", 1, wall_s=30.5, start_s=9.0, start_s_launches=[12.0, 9.0],
+                                       launch_s_launches=[15.0, 14.0], compile_cache_launches=[
+                                           {"fx_graph_hits": 0, "fx_graph_misses": 3}, None]),
+        ("jax_weak", "device", 1): res("jax_weak", "device", 1, wall_s=20.0, launch_s_launches=[19.0],
+                                       start_s_launches=[8.0],
+                                       compile_cache_launches=[{"loaded": 38, "written": 0, "compile_s_saved": 5.7}]),
+        ("allreduce", "default", 2): res("allreduce", "default", 2, busbw_GBps=1.0),   # an older result
+        ("fsdp", "default", 4): res("fsdp", "default", 4, status="skipped")})
+    t = provenance.cost_table(ReportData([m]))
+    rows = [[c.text for c in row] for row in t.rows]
+    assert rows[0][:7] == ["this run", "ddp_weak/cached/k1", "ok", "30.5", "2", "12, 9", "15, 14"]
+    assert rows[0][7] == "0 hits, 3 misses; –" and rows[1][7] == "38 loaded, 0 compiled"
+    assert rows[-1][1] == "all 2 jobs" and t.rows[-1][3].value == 50.5 and rows[-1][4] == "3"
+    assert "this run: 1 result(s) measured before jobs recorded their cost" in t.note
+    assert "cost" in provenance.CHAPTER.tables   # written as tables/cost.csv too
