@@ -226,7 +226,8 @@ def run_epoch(ctx: Ctx, run_step, batches) -> dict:
             ctx.maybe_fault("step")
     timer.mark()
     sync(ctx.device)   # this is a sync point: the clock stops when the GPU is done
-    return {"samples": n, "seconds": time.perf_counter() - t0, "step_ms": timer.step_ms(), "loss": last, "t0_unix": t0_unix,
+    return {"samples": n, "seconds": time.perf_counter() - t0, "step_ms": timer.step_ms(), "loss": last,
+            "t0_unix": t0_unix,
             "peak_mem_MiB": torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.cuda else None}
 
 

@@ -78,7 +78,8 @@ def explain(e: jsonschema.ValidationError) -> str:
         wanted = [e.validator_value] if isinstance(e.validator_value, str) else list(e.validator_value)
         return f"{where}: {flow(v)} is not {' or '.join(TYPE_WORDS.get(t, t) for t in wanted)}{example}"
     if e.validator == "minLength" and v == "":   # cache.dir: '' is no folder
-        return f"{where}: '' is empty; write a path, e.g. {cli(key_path, '/scratch/dpscale-cache')}, or null for the default"
+        example = cli(key_path, "/scratch/dpscale-cache")
+        return f"{where}: '' is empty; write a path, e.g. {example}, or null for the default"
     if e.validator == "enum":
         return f"{where}: {flow(v)} is not one of {', '.join(map(flow, e.validator_value))}{example}"
     if e.validator == "oneOf":
