@@ -201,6 +201,41 @@ def test_entries_gone_bad_are_compiled_again_and_the_job_stays_ok(jax_two_launch
     assert r["metrics"]["compile_cache"]["written"] > 0 and r["metrics"]["compile_cache"]["loaded"] == 0
 
 
+COMPILE_WORKER = """
+import json, sys, time
+import torch
+from dpscale.measure.torch_job import compile_cache_counts
+f = torch.compile(lambda x: torch.sin(x) * 2 + 1)
+f(torch.randn(16))
+json.dump({"experiment": "ddp_weak", "variant": "tuned", "k": 1, "status": "ok", "reason": None,
+           "backend": "gloo", "config": {}, "fingerprint": {}, "started_utc": "s", "finished_utc": "f",
+           "metrics": {"samples_per_s": 1.0, "first_timed_step_unix": time.time(),
+                       "compile_cache": compile_cache_counts()}}, open(sys.argv[1], "w"))
+"""
+
+
+@pytest.mark.multiproc
+def test_a_second_torch_compile_launch_hits_inductors_cache(tmp_path, monkeypatch):
+    """torch.compile on the CPU (inductor's C++ backend): launch 1 misses the FX graph
+    cache the watchdog set up and fills it, launch 2 hits it."""
+    from conftest import env_with_src
+    from dpscale.run.watchdog import main
+    spec = {"experiment": "ddp_weak", "variant": "tuned", "k": 1, "backend": "gloo", "limit_s": 240,
+            "grace_s": 1, "config": {"protocol": {"launches": 2}}, "fingerprint": CPU_FP}
+    result = tmp_path / "k1.json"
+    monkeypatch.setenv("PYTHONPATH", env_with_src()["PYTHONPATH"])   # the worker imports dpscale
+    rc = main(["--spec", json.dumps(spec), "--result", str(result), "--rank-logs", str(tmp_path / "k1.log.ranks"),
+               "--lock-dir", str(tmp_path / "locks"), "--cache-dir", str(tmp_path / "cache"),
+               "--", sys.executable, "-c", COMPILE_WORKER, str(result)])
+    r = json.loads(result.read_text())
+    assert rc == 0 and r["status"] == "ok", r.get("reason")
+    first, second = r["metrics"]["compile_cache_launches"]
+    assert first["fx_graph_misses"] >= 1 and first["fx_graph_hits"] == 0, first
+    assert second["fx_graph_hits"] >= 1 and second["fx_graph_misses"] == 0, second
+    folder = tmp_path / "cache" / caches.folder_name(caches.key("torch", CPU_FP))
+    assert any((folder / "inductor").iterdir())
+
+
 # ---------------------------------------------------------------- the config key, in the workflow
 
 def test_cache_dir_resolves_to_one_absolute_folder(tmp_path, monkeypatch):
@@ -242,7 +277,7 @@ def test_the_cost_table_lists_each_job_its_launches_and_a_total():
     m = Machine("current", "current", "this run", {}, results={
         ("ddp_weak", "cached", 1): res("ddp_weak", "cached", 1, wall_s=30.5, start_s=9.0, start_s_launches=[12.0, 9.0],
                                        launch_s_launches=[15.0, 14.0], compile_cache_launches=[
-                                           {"fx_graph_hits": 0, "fx_graph_misses": 3}, None]),
+                                           {"fx_graph_hits": 0, "fx_graph_misses": 3, "fx_graph_bypasses": 1}, None]),
         ("jax_weak", "device", 1): res("jax_weak", "device", 1, wall_s=20.0, launch_s_launches=[19.0],
                                        start_s_launches=[8.0],
                                        compile_cache_launches=[{"loaded": 38, "written": 0, "compile_s_saved": 5.7}]),
@@ -251,7 +286,7 @@ def test_the_cost_table_lists_each_job_its_launches_and_a_total():
     t = provenance.cost_table(ReportData([m]))
     rows = [[c.text for c in row] for row in t.rows]
     assert rows[0][:7] == ["this run", "ddp_weak/cached/k1", "ok", "30.5", "2", "12, 9", "15, 14"]
-    assert rows[0][7] == "0 hits, 3 misses; –" and rows[1][7] == "38 loaded, 0 compiled"
+    assert rows[0][7] == "0 hits, 3 misses, 1 not cacheable; –" and rows[1][7] == "38 loaded, 0 compiled"
     assert rows[-1][1] == "all 2 jobs" and t.rows[-1][3].value == 50.5 and rows[-1][4] == "3"
     assert "this run: 1 result(s) measured before jobs recorded their cost" in t.note
     assert "cost" in provenance.CHAPTER.tables   # written as tables/cost.csv too

@@ -188,8 +188,10 @@ def compile_cache_counts() -> dict | None:
     cache shows as hits. None when nothing was compiled."""
     from torch._dynamo.utils import counters
     keys = {"fx_graph_hits": ("inductor", "fxgraph_cache_hit"), "fx_graph_misses": ("inductor", "fxgraph_cache_miss"),
+            "fx_graph_bypasses": ("inductor", "fxgraph_cache_bypass"),   # a graph the cache cannot key (why: debug log)
             "autograd_hits": ("aot_autograd", "autograd_cache_hit"),
-            "autograd_misses": ("aot_autograd", "autograd_cache_miss")}
+            "autograd_misses": ("aot_autograd", "autograd_cache_miss"),
+            "autograd_bypasses": ("aot_autograd", "autograd_cache_bypass")}
     out = {name: counters[group][count] for name, (group, count) in keys.items()}
     return out if any(out.values()) else None
 

@@ -101,7 +101,9 @@ def cache_text(counts: dict | None) -> str:
         return "–"
     if "loaded" in counts:
         return f"{counts['loaded']} loaded, {counts['written']} compiled"
-    return f"{counts.get('fx_graph_hits', 0)} hits, {counts.get('fx_graph_misses', 0)} misses"
+    bypassed = counts.get("fx_graph_bypasses") or 0
+    return (f"{counts.get('fx_graph_hits', 0)} hits, {counts.get('fx_graph_misses', 0)} misses"
+            + (f", {bypassed} not cacheable" if bypassed else ""))
 
 
 def cost_rows(m: Machine) -> tuple[list[list], int]:
