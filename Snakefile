@@ -14,6 +14,7 @@ from dpscale.plan.config import ConfigError, coerce_cli_types
 from dpscale.plan.configcheck import check
 from dpscale.run.locks import release_stale
 from dpscale.provenance import export_command
+from dpscale.report import summary as closing
 
 if workflow.is_main_process:  # the report names the command line that built it
     export_command(sys.argv)
@@ -57,12 +58,25 @@ rule all:
         rules.report.output,
 
 
-# One line per planned measurement that left no number (dpscale.results), at the end.
+# The run ends with the answer (dpscale.report.summary), printed after Snakemake's own
+# last lines: per machine and k the speed-up in samples/s and in time to accuracy, the
+# forecast's knee, what failed (with its log) and the report's path. A report older
+# than the results (a run that did not build it) is named as such, with the failures.
 onsuccess:
-    if _summary := results.failure_summary(TARGETS):
-        logger.warning(_summary)
+    closing.announce(
+        closing.closing(
+            TARGETS, rules.report.output.summary, rules.report.output.html
+        )
+    )
 
 
 onerror:
-    if _summary := results.failure_summary(TARGETS):
-        logger.warning(_summary)
+    closing.announce(
+        closing.closing(
+            TARGETS,
+            rules.report.output.summary,
+            rules.report.output.html,
+            snakemake_log=log,
+            failed=True,
+        )
+    )

@@ -15,6 +15,7 @@ try:
     FP = dsfp.load(config["hardware_file"]) if config["hardware_file"] else dsfp.probe()
     RESOLVED = dsconfig.resolve(config, FP)
     LOCKS = dsconfig.resolve_locks(config, RESOLVED["scale"])
+    CACHE = dsconfig.resolve_cache(config)  # compilation caches: a resource, like LOCKS
 except ValueError as e:  # ConfigError, a bad hardware_file: one line, no traceback
     sys.exit(f"Invalid configuration: {e}")
 
@@ -34,4 +35,4 @@ if workflow.is_main_process:
 # rerun every job of a clone that was moved or copied to another machine.
 SCRIPTS = os.path.relpath(Path(workflow.basedir) / "scripts")
 # `resources: **MEASURE` in every measurement rule (dpscale.plan.jobs.resources)
-MEASURE = jobs.resources(RESOLVED["cluster"], FP, LOCKS)
+MEASURE = jobs.resources(RESOLVED["cluster"], FP, LOCKS, CACHE)

@@ -32,4 +32,5 @@ for _exp in registry.EXPERIMENTS.values():
         shell:
             "python {params.scripts}/watchdog.py --spec {params.spec:q} --result {output.json}"
             " --rank-logs {log}.ranks --lock-dir {resources.lock_dir:q}"
-            " --lock-wait-s {resources.lock_wait_s} > {log} 2>&1"
+            " --lock-wait-s {resources.lock_wait_s} --cache-dir {resources.cache_dir:q}"
+            " > {log} 2>&1"

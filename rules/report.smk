@@ -49,6 +49,8 @@ rule report:
         plan=f"{REPORT}/plan.json",
         # every machine's forecast, band and validation (dpscale.report.forecast)
         forecast=f"{REPORT}/forecast.json",
+        # the answer in plain text, printed last by onsuccess (dpscale.report.summary)
+        summary=f"{REPORT}/summary.txt",
         figures=[
             report(
                 f"{REPORT}/figures/{spec.name}.png",

@@ -97,13 +97,17 @@ def make_spec(tiny_data, experiment, k, variant="default", limit_s=120, proto=No
 
 
 def run_job(spec: dict, out_dir: Path, fault: str = "", timeout: float = 240,
-            lock_dir: Path | None = None, lock_wait_s: float = 60):
+            lock_dir: Path | None = None, lock_wait_s: float = 60, cache_dir: Path | None = None):
     """Run one measurement job the way the rule does; return (rc, result-or-None, log text).
     Its device locks go to lock_dir, by default a folder of its own: jobs that tests
-    start side by side must not wait for each other (nor for the host's real jobs)."""
+    start side by side must not wait for each other (nor for the host's real jobs).
+    cache_dir: the compilation caches' root (the rule's cache.dir); none by default, so
+    the job keeps the session's JAX cache (jax_compile_cache)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     result, log = out_dir / "k.json", out_dir / "k.log"
     locks = ["--lock-dir", str(lock_dir or out_dir / "locks"), "--lock-wait-s", str(lock_wait_s)]
+    if cache_dir is not None:
+        locks += ["--cache-dir", str(cache_dir)]
     s = specs.dumps(spec)
     if spec["experiment"].startswith("jax"):
         inner = [sys.executable, str(ROOT / "scripts/jax_worker.py")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpscale.analysis import costmodel, stats, tta
+from dpscale.analysis import costmodel, stateff, stats, tta
 from dpscale import results
 from dpscale.results import make_result, write_json_atomic
 
@@ -96,8 +96,15 @@ def buckets():
             "best_bucket_cap_MiB": 25, "best_samples_per_s": 61.0}
 
 
-def tta_metrics(rule: str, k: int, samples: list[int | None], emulated: bool = False, prb: int = 32) -> dict:
-    """A ddp_tta result: one launch per entry of samples (None: did not converge), 2,000 images an epoch."""
+def noise_window(b_simple: float, steps: int = 40) -> dict:
+    """A noise-scale record as the worker keeps it (stateff.b_simple_window), B_simple about b_simple."""
+    g2 = [1.0 + 0.1 * ((i * 7) % 5) for i in range(steps)]
+    return stateff.b_simple_window(g2, [b_simple * g * (1 + 0.05 * ((i * 3) % 4 - 1.5)) for i, g in enumerate(g2)])
+
+
+def tta_metrics(rule: str, k: int, samples: list[int | None], emulated: bool = False, prb: int = 8) -> dict:
+    """A ddp_tta result: one launch per entry of samples (None: did not converge), 2,000 images an epoch,
+    at the throughput fixtures' per-rank batch (so their samples/s apply)."""
     runs = []
     for seed, n in enumerate(samples, 1):
         curve = [{"samples": s, "epochs": s / 2000, "seconds": s / 40.0, "accuracy": 0.4 + 0.2 * s / (n or 8000)}
@@ -105,7 +112,7 @@ def tta_metrics(rule: str, k: int, samples: list[int | None], emulated: bool = F
         runs.append({"seed": seed, "converged": n is not None, "samples_to_target": n,
                      "seconds_to_target": n / 40.0 if n else None, "epochs_to_target": n / 2000 if n else None,
                      "eval_s": 0.5, "curve": curve, "best_accuracy": curve[-1]["accuracy"] if curve else None})
-    return {"lr_rule": rule, "target_accuracy": 0.6, "seeds": list(range(1, len(samples) + 1)),
+    return {"lr_rule": rule, "target_accuracy": 0.6, "seeds": list(range(1, len(samples) + 1)), "train_images": 2000,
             "eval_every_samples": 512, "max_epochs": 4, "global_batch": prb * k, "per_rank_batch": prb,
             "emulated": emulated, "processes": min(k, 2), "eval_s_mean": 0.5, **tta.score_fields(runs), "runs": runs}
 
@@ -141,7 +148,10 @@ def write_cpu_smoke(runs: Path, fp=CPU_FP) -> list[str]:
     for rule, per_k in (("book", {1: [1024, 1536, 2048], 2: [2048, 2560, 3072], 4: [3072, 4096, None]}),
                         ("linear", {1: [1024, 1536, 2048], 2: [1536, 2048, 3072], 4: [None, None, 4096]})):
         for k, samples in per_k.items():
-            out.append(write(runs, "ddp_tta", rule, k, metrics=tta_metrics(rule, k, samples, emulated=k > 2), **kw))
+            m = tta_metrics(rule, k, samples, emulated=k > 2)
+            if (rule, k) == ("book", 2):   # the gradient noise scale, where the worker measured it
+                m["noise_scale"] = noise_window(20.0)
+            out.append(write(runs, "ddp_tta", rule, k, metrics=m, **kw))
     return out
 
 

@@ -269,3 +269,32 @@ def test_cli_names_a_folder_without_runs(tmp_path):
     from dpscale import cli
     with pytest.raises(SystemExit, match="has no runs/ folder"):
         cli.main(["forecast", str(tmp_path)])
+
+
+FABRICS = ROOT / "reference" / "fabrics" / "nccl-tests"
+
+
+def test_a_users_nccl_tests_output_forecasts_four_nodes_of_eight(capsys):
+    """A one-GPU machine, never trained on several: the in-node ring from a node's
+    nccl-tests table and the tier between nodes from a two-node one (real output, NVIDIA
+    /nccl-tests#290), and the forecast reaches 4 nodes of 8."""
+    from dpscale import cli
+    assert cli.main(["forecast", str(ROOT / "reference" / "h200"), "--no-book", "--bootstrap-draws", "10",
+                     "--fabric", str(FABRICS / "h100_1node_8gpu.txt"),
+                     "--fabric", str(FABRICS / "h100_2node_srun_label.txt")]) == 0
+    text = capsys.readouterr().out
+    assert "h100_2node_srun_label.txt (16 ranks on 2 host(s)" in text
+    row = next(line for line in text.splitlines() if line.split()[:3] == ["32", "4", "predicted"])
+    assert "%" in row and "–%" not in row.split("predicted")[1].split()[0], row
+
+
+@pytest.mark.parametrize("body, why", [("size,count\n1,2\n", "no all-reduce rows found"), (None, "no such file")])
+def test_a_bad_fabric_file_gets_one_line_naming_it(tmp_path, body, why):
+    from dpscale import cli
+    bad = tmp_path / "fabric.txt"
+    if body is not None:
+        bad.write_text(body)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["forecast", str(ROOT / "reference" / "h200"), "--no-book", "--fabric", str(bad)])
+    msg = str(e.value)
+    assert msg.startswith(f"dpscale forecast: {bad}") and why in msg and "\n" not in msg

@@ -265,6 +265,9 @@ def test_report_writes_the_tidy_table(built):
 
 
 def test_time_to_accuracy_says_emulated_and_splits_goodput(built):
+    """samples/s now says which measurement it is ('measured (ddp_weak cached)'), and the
+    fixtures' time-to-accuracy runs share the throughput fixtures' per-rank batch, since
+    a samples/s at another batch no longer applies."""
     tta_rows = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "tta") if r["machine"] == "this run"}
     assert tta_rows[("book", "4")]["run"] == "emulated" and tta_rows[("book", "2")]["run"] == "real DDP"
     assert tta_rows[("linear", "4")]["samples_to_target"] in ("", "–")   # two seeds did not converge: no score
@@ -274,8 +277,85 @@ def test_time_to_accuracy_says_emulated_and_splits_goodput(built):
     assert float(two["statistical_efficiency"]) == pytest.approx(1536 / 2560)
     assert float(two["hardware_efficiency"]) == pytest.approx(0.8)
     assert float(two["goodput_efficiency"]) == pytest.approx(0.8 * 1536 / 2560)
-    assert two["samples_per_s_source"] == "measured" and good[("book", "4")]["samples_per_s_source"] == "forecast"
+    assert two["samples_per_s_source"] == "measured (ddp_weak cached)"
+    assert good[("book", "4")]["samples_per_s_source"] == "forecast"
     assert "emulated" in built["summary"]["headlines"]["answer"]
+
+
+def test_time_to_accuracy_has_one_definition_with_intervals(built):
+    """Every speed-up, statistical and goodput efficiency carries its 95% interval over
+    seeds; the two forms (evaluation on the clock, training only) are labelled alike in
+    the table, the first screen and results.csv; time = samples x (1/samples/s + e)."""
+    import pandas as pd
+    two = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "goodput") if r["machine"] == "this run"}[("book", "2")]
+    for col in ("speedup", "speedup_training_only", "statistical_efficiency", "goodput_efficiency"):
+        lo, v, hi = (float(two[c]) for c in (f"{col}_interval_lo", col, f"{col}_interval_hi"))
+        assert lo < v < hi, col
+    e = float(two["time_to_accuracy_s"]) / 2560 - 1 / 96   # evaluation seconds per sample, the same at k=1
+    assert e > 0 and float(two["time_training_only_s"]) == pytest.approx(2560 / 96)
+    one = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "goodput") if r["machine"] == "this run"}[("book", "1")]
+    assert float(two["speedup"]) == pytest.approx(float(one["time_to_accuracy_s"]) / float(two["time_to_accuracy_s"]))
+    head = built["summary"]["headlines"]["answer"]
+    assert "evaluation on the clock" in head and "training only" in head and re.search(r"\d\.\d\dx \[", head)
+    df = pd.read_csv(built["out"] / "results.csv")
+    got = df[(df.machine == "this run") & (df.experiment == "ddp_tta") & (df.variant == "book") & (df.k == 2)]
+    for metric in ("statistical_efficiency", "tta_speedup", "tta_speedup_training_only", "goodput_efficiency"):
+        row = got[got.metric == metric].iloc[0]
+        assert row.ci_lo < row.value < row.ci_hi and row.covers == "independent seeded launches" and row.unit == "1"
+    assert (df[df.variant == "book (forecast)"].metric == "predicted_tta_speedup").any()
+
+
+def test_time_to_accuracy_interpolates_fits_checks_and_forecasts(built):
+    """Each seed's crossing beside MLPerf's; the E(B) fit; k=4 predicted from k <= 2 with
+    its error and band; B_simple where measured, else 'not measured'; the forecast on
+    the throughput forecast's grid (to 16 nodes of 8), the soonest k named first screen."""
+    seeds = [r for r in rows_of(built, "tta_seeds") if r["machine"] == "this run" and r["lr_rule"] == "book"]
+    assert len(seeds) == 9 and {r["crossing"] for r in seeds} <= {"interpolated", "exact", "never"}
+    assert all(r["mlperf_epochs"] and r["epochs"] for r in seeds if r["converged"] == "True")
+    model = {r["lr_rule"]: r for r in rows_of(built, "tta_model") if r["machine"] == "this run"}
+    assert float(model["book"]["b_crit_samples"]) > 0 and model["book"]["e_min_interval_lo"] != ""
+    check = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "tta_holdout") if r["machine"] == "this run"}
+    four = check[("book", "4")]
+    assert four["predicted_from"] == "k = 1, 2" and four["inside_band"] in ("True", "False")
+    assert float(four["band_lo"]) < float(four["predicted_epochs"]) < float(four["band_hi"]) and four["error_epochs"]
+    noise = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "tta_noise") if r["machine"] == "this run"}
+    assert float(noise[("book", "2")]["b_simple"]) == pytest.approx(20.0, rel=0.05)
+    assert noise[("book", "2")]["b_crit_over_b_simple"] != "" and noise[("book", "4")]["b_simple"] == "not measured"
+    grid = [r for r in rows_of(built, "tta_forecast") if r["machine"] == "this run" and r["lr_rule"] == "book"]
+    assert [int(r["k"]) for r in grid][-1] == 128 and {r["samples_input"] for r in grid} >= {"measured", "predicted"}
+    assert any(r["nodes"] == "4" and r["speedup_band_lo"] != "" for r in grid)
+    lines = built["summary"]["headlines"]["answer"] + built["html"]
+    assert "soonest at k=" in lines and "fewest GPU-hours at k=" in lines
+
+
+def test_the_reference_h200_series_reads_as_the_analysis_gives_it():
+    """reference/h200's book rule through the report's reading (interpolated crossings
+    on the stored curves): the numbers stateff's own pin gives."""
+    from dpscale.report import tta
+    from dpscale.report.machines import load_reference
+    rule = tta.of_machine(load_reference(ROOT / "reference" / "h200"), None)["rules"]["book"]
+    p = {q["k"]: q for q in rule["points"]}
+    for k, (v, lo, hi) in {2: (0.715, 0.549, 0.907), 4: (0.463, 0.356, 0.588)}.items():
+        got = (p[k]["statistical_efficiency"], p[k]["statistical_efficiency_lo"], p[k]["statistical_efficiency_hi"])
+        assert got == pytest.approx((v, lo, hi), abs=0.0006), (k, got)
+    assert p[2]["statistical_efficiency_mlperf"] == pytest.approx(170154.67 / 230229.33)   # MLPerf's scores
+    assert not p[8]["scored"] and p[2]["emulated"] and p[1]["samples_per_s_source"] == "measured (ddp_weak cached)"
+    n = 60000
+    assert rule["fit"]["E_min"]["value"] / n == pytest.approx(1.63, abs=0.005)
+    assert rule["fit"]["B_crit"]["value"] == pytest.approx(406, abs=0.5)
+    four = next(h for h in rule["holdout"] if h["k"] == 4)
+    assert (four["predicted_epochs"], four["measured_epochs"]) == pytest.approx((5.83, 5.73), abs=0.005)
+    assert four["inside_band"] is True
+
+
+def test_the_summary_ends_with_the_report_and_names_failures(built):
+    text = (built["out"] / "summary.txt").read_text()
+    last = text.rstrip("\n").splitlines()
+    assert last[-1] == f"report: {(built['out'] / 'report.html').resolve()}"
+    assert "ddp_memcpy_training/default/k2 hung" in text   # this run's, with its reason
+    mine = text[text.index("this run:"):text.index("h200x8:")]
+    assert re.search(r"\n\s+2\s+1\.60x \[[\d.]+, [\d.]+\]\s+[\d.]+x \[", mine), mine
+    assert "forecast knee" in mine and "soonest to 60%: k=" in mine and "fewest GPU-hours: k=" in mine
 
 
 def test_a_numpy_number_reaches_the_csv_as_a_number():

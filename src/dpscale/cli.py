@@ -135,6 +135,7 @@ def forecast(a) -> int:
         raise SystemExit(f"dpscale forecast: {e}") from None
     forecasts = [fcr.of_machine(m, machines, cfg, given) for m in machines]
     print(fcr.text(forecasts))
+    print(fcr.tta_text(machines, forecasts))
     if a.json:
         fcr.write(a.json, forecasts)
         print(f"\nwrote {a.json}")

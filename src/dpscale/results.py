@@ -168,7 +168,8 @@ def write_result(spec: dict, path: str | os.PathLike, metrics: dict, started_utc
                          fingerprint=spec["fingerprint"], backend=spec["backend"],
                          started_utc=started_utc, data=data, runtime=runtime, env=spec.get("env", {}),
                          code=provenance.code_record(registry.get(spec["experiment"]).sources),
-                         **({"gpu_state": gpu_state} if gpu_state is not None else {}))
+                         **({"gpu_state": gpu_state} if gpu_state is not None else {}),
+                         **({"launch": dict(spec["launch"])} if spec.get("launch") else {}))
     write_json_atomic(path, result)
     return result
 

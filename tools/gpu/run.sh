@@ -1,8 +1,9 @@
 #!/bin/bash
 # A GPU run of the pipeline on a machine without network, as used for reference/h200:
 #   [KS='[1,2]'] [TARGETS='...'] [DPSCALE_GIT_COMMIT=sha] bash tools/gpu/run.sh SECONDS [snakemake args]
-# installs Snakemake from .whl/ (../shared/tools/device-wheels.sh, less the wheels the
-# image has and pulp, 16 MB that only the ILP scheduler imports: hence --scheduler greedy;
+# installs Snakemake from .whl/ (`../shared/tools/device-wheels.sh .whl $(grep -v '^#'
+# tools/gpu/wheels.txt)`: Snakemake and the extra packages listed there, less the wheels
+# the image has and pulp, 16 MB that only the ILP scheduler imports: hence --scheduler greedy;
 # the four Fashion-MNIST .gz files travel in .fmnist/, found by data.local_dir), runs
 # `snakemake TARGETS` (default: report) for at most SECONDS, prints its wall time and
 # one line per result, and leaves everything as $OUT/results.tgz. A copy of the tree

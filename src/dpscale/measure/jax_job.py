@@ -51,6 +51,33 @@ class Ctx:
               f"{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+class CompileCache:
+    """JAX's persistent compilation cache as this process used it (the watchdog sets its
+    folder: dpscale.run.caches): programs loaded from it, programs written to it (JAX's
+    `cache_misses`), and the compile seconds the loaded ones saved."""
+    EVENT = "/jax/compilation_cache/"
+
+    def __init__(self):
+        self.loaded, self.written, self.saved_s = 0, 0, 0.0
+        jax.monitoring.register_event_listener(self.event)
+        jax.monitoring.register_event_duration_secs_listener(self.duration)
+
+    def event(self, event: str, **kwargs) -> None:
+        if event == self.EVENT + "cache_hits":
+            self.loaded += 1
+        elif event == self.EVENT + "cache_misses":
+            self.written += 1
+
+    def duration(self, event: str, duration_secs: float, **kwargs) -> None:
+        if event == self.EVENT + "compile_time_saved_sec":
+            self.saved_s += duration_secs
+
+    def record(self) -> dict | None:
+        if not (self.loaded or self.written):
+            return None
+        return {"loaded": self.loaded, "written": self.written, "compile_s_saved": round(self.saved_s, 3)}
+
+
 # ---------------------------------------------------------------- layout
 
 def make_mesh(k: int):
@@ -243,6 +270,7 @@ def _installed(dist: str) -> bool:
 
 def run(spec: dict, result_path: str) -> None:
     started = utc_now()
+    cache = CompileCache()   # before the first compile
     ctx = Ctx(spec)
     devices = check_devices(spec)
     ctx.log(f"backend={spec['backend']} jax {jax.__version__}, {len(devices)} device(s): "
@@ -256,5 +284,7 @@ def run(spec: dict, result_path: str) -> None:
     if jax.process_index() != 0:   # multi-node: process 0 writes the one result
         return
     state = gpustate.summarise([ctx.gpu.record()], [os.getpid()]) if ctx.gpu else None
+    if cc := cache.record():
+        metrics["compile_cache"] = cc
     result = write_result(spec, result_path, metrics, started, runtime_versions(devices[:ctx.k]), gpu_state=state)
     ctx.log(f"wrote {result_path} (status {result['status']})")

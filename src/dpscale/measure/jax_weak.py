@@ -40,7 +40,8 @@ def pure_resident_step(graphdef, treedef):
 def run_epochs(ctx: Ctx, step, live, steps: int, B: int, warmup: int, repeats: int):
     """`warmup` epochs (the first traces and compiles), then `repeats` timed epochs,
     each without any sync inside it. Returns (per-epoch history, the last loss, the
-    first step's seconds: trace + compile + run)."""
+    first step's seconds: trace + compile + run). The first timed epoch's entry carries
+    the wall-clock time of its first step (t0_unix: the end of the launch's start)."""
     every = max(1, steps // 5)
     history, loss, first_step_s = [], None, None
     for epoch in range(warmup + repeats):
@@ -48,7 +49,7 @@ def run_epochs(ctx: Ctx, step, live, steps: int, B: int, warmup: int, repeats: i
         block(live())
         if rep is not None:
             ctx.sample_gpu(f"before timed repeat {rep + 1}")
-        t0 = time.perf_counter()
+        t0, t0_unix = time.perf_counter(), time.time()
         for i in range(steps):
             loss = step(i)
             if epoch == 0 and i == 0:
@@ -63,7 +64,7 @@ def run_epochs(ctx: Ctx, step, live, steps: int, B: int, warmup: int, repeats: i
         if rep is not None:
             ctx.sample_gpu(f"after timed repeat {rep + 1}")
         history.append({"epoch": epoch, "repeat": rep, "samples": steps * B, "seconds": dt,
-                        "samples_per_s": steps * B / dt})
+                        "samples_per_s": steps * B / dt, **({"t0_unix": t0_unix} if rep == 0 else {})})
         ctx.log(f"epoch {epoch}: {steps * B} samples in {dt:.2f} s = {steps * B / dt:.0f} samples/s"
                 + (" (warm-up)" if rep is None else f" (timed, repeat {rep + 1}/{repeats})"))
     return history, loss, first_step_s
@@ -168,7 +169,9 @@ def exp_weak(ctx: Ctx) -> dict:
          # >= 1: the host cannot issue steps as fast as the devices run them
          "dispatch_share_of_epoch": ds["median_ms"] * steps / (1e3 * first["seconds"]),
          "first_step_s": first_step_s, "loss_last": loss_last,
-         "timed_epoch_includes_compile": ctx.proto["epochs"] < 2, "epochs": history,
+         "timed_epoch_includes_compile": ctx.proto["epochs"] < 2,
+         "epochs": [{k: v for k, v in e.items() if k != "t0_unix"} for e in history],
+         "first_timed_step_unix": first["t0_unix"],   # the watchdog makes it start_s (dpscale.run.launches)
          "peak_mem_MiB": peak_mem_MiB(mesh.devices.flat),
          "input_path": ctx.spec["config"]["variant"]["input"]}
     m.update(mfu_metrics(ctx, m["samples_per_s_per_device"], peak))

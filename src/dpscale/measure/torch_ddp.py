@@ -216,7 +216,7 @@ def run_epoch(ctx: Ctx, run_step, batches) -> dict:
     # starts late and, DDP's ranks being in lockstep, ends with the others: it would
     # read fastest, and the one that waited for it slowest.
     dist.barrier()
-    t0 = time.perf_counter()
+    t0, t0_unix = time.perf_counter(), time.time()   # the wall clock: the watchdog's spawn is on it
     for i, (X, y) in enumerate(batches):
         timer.mark()
         X, y = X.to(ctx.device), y.to(ctx.device)
@@ -227,6 +227,7 @@ def run_epoch(ctx: Ctx, run_step, batches) -> dict:
     timer.mark()
     sync(ctx.device)   # this is a sync point: the clock stops when the GPU is done
     return {"samples": n, "seconds": time.perf_counter() - t0, "step_ms": timer.step_ms(), "loss": last,
+            "t0_unix": t0_unix,
             "peak_mem_MiB": torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.cuda else None}
 
 
@@ -255,6 +256,7 @@ def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, warmup: int, r
             "seconds_repeats": [e["seconds"] for e in timed], "samples_repeats": [e["samples"] for e in timed],
             "steps": summary(first["step_ms"]), "loss_last": float(last.detach()) if last is not None else None,
             "peak_mem_MiB": max(e["peak_mem_MiB"] for e in timed) if ctx.cuda else None,
+            "first_timed_step_unix": first["t0_unix"],   # the end of this launch's start (dpscale.run.launches)
             "cuda_graph": graphed is not None and graphed.graph is not None,
             "cuda_graph_error": graphed.error if graphed is not None else None,
             **loss_scale_fields(run_step.step.scaler)}
@@ -317,7 +319,9 @@ def throughput_metrics(ctx: Ctx, rows: list[dict], flops: int | None, peak: floa
          **({"loss_scale_last": rows[0]["loss_scale_last"]} if "loss_scale_last" in rows[0] else {}),
          "cuda_graph_error": rows[0].get("cuda_graph_error"),
          "peak_mem_MiB": max((r["peak_mem_MiB"] or 0) for r in rows) or None,
-         "per_rank": rows}
+         "per_rank": [{k: v for k, v in r.items() if k != "first_timed_step_unix"} for r in rows]}
+    if stamps := [r["first_timed_step_unix"] for r in rows if r.get("first_timed_step_unix") is not None]:
+        m["first_timed_step_unix"] = max(stamps)   # the last rank there; the watchdog makes it start_s
     m.update(costmodel.mfu_fields(flops, m["samples_per_s_per_device"], peak))
     return m
 

@@ -182,6 +182,20 @@ def runtime_versions(ctx: Ctx) -> dict:
     return v
 
 
+def compile_cache_counts() -> dict | None:
+    """This process's lookups in torch.compile's persistent caches (inductor's FX graph
+    cache, AOTAutograd's), whose folder the watchdog sets (dpscale.run.caches): a warm
+    cache shows as hits. None when nothing was compiled."""
+    from torch._dynamo.utils import counters
+    keys = {"fx_graph_hits": ("inductor", "fxgraph_cache_hit"), "fx_graph_misses": ("inductor", "fxgraph_cache_miss"),
+            "fx_graph_bypasses": ("inductor", "fxgraph_cache_bypass"),   # a graph the cache cannot key (why: debug log)
+            "autograd_hits": ("aot_autograd", "autograd_cache_hit"),
+            "autograd_misses": ("aot_autograd", "autograd_cache_miss"),
+            "autograd_bypasses": ("aot_autograd", "autograd_cache_bypass")}
+    out = {name: counters[group][count] for name, (group, count) in keys.items()}
+    return out if any(out.values()) else None
+
+
 def run(spec: dict, result_path: str) -> None:
     ctx = Ctx(spec)
     started = utc_now()
@@ -203,6 +217,8 @@ def run(spec: dict, result_path: str) -> None:
         metrics = registry.entry_point(spec["experiment"])(ctx)
         sample_gpu(ctx, "after the measurement")
         state = gpu_state(ctx)
+        if ctx.rank == 0 and (cc := compile_cache_counts()):
+            metrics["compile_cache"] = cc
         if ctx.rank == 0:   # rank 0 gates I/O: one writer, after every rank reported
             write_result(spec, result_path, metrics, started, runtime_versions(ctx), gpu_state=state)
             ctx.log(f"wrote {result_path}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from pathlib import Path
 
 import yaml
@@ -106,6 +107,17 @@ def resolve_locks(config: dict, scale: str) -> dict:
     if wait == "auto":
         wait = 1800 if scale == "paper" else 300
     return {"dir": d, "wait_s": int(wait)}
+
+
+def resolve_cache(config: dict, env: dict | None = None) -> dict:
+    """{"dir": the absolute root of the compilation caches (dpscale.run.caches)}: cache.dir,
+    else $XDG_CACHE_HOME/dpscale, else ~/.cache/dpscale. Like resolve_locks, outside
+    resolve() on purpose: the rules pass it as a resource, so moving it reruns nothing."""
+    env = os.environ if env is None else env
+    d = (config.get("cache") or {}).get("dir")
+    if not d:
+        d = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or "~").expanduser() / ".cache") / "dpscale"
+    return {"dir": str(Path(d).expanduser().absolute())}
 
 
 def experiments(value) -> list[str]:

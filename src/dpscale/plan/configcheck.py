@@ -74,8 +74,12 @@ def explain(e: jsonschema.ValidationError) -> str:
         return f"{name}: not a configuration key; the keys here are {', '.join(known)}"
     if e.validator == "type" and e.validator_value == "array" and not isinstance(v, list):
         return f"{where} must be a list: write {cli(key_path, [v])}"
-    if e.validator == "type":
-        return f"{where}: {flow(v)} is not {TYPE_WORDS.get(e.validator_value, e.validator_value)}{example}"
+    if e.validator == "type":   # one type, or a list of them (a folder or null)
+        wanted = [e.validator_value] if isinstance(e.validator_value, str) else list(e.validator_value)
+        return f"{where}: {flow(v)} is not {' or '.join(TYPE_WORDS.get(t, t) for t in wanted)}{example}"
+    if e.validator == "minLength" and v == "":   # cache.dir: '' is no folder
+        example = cli(key_path, "/scratch/dpscale-cache")
+        return f"{where}: '' is empty; write a path, e.g. {example}, or null for the default"
     if e.validator == "enum":
         return f"{where}: {flow(v)} is not one of {', '.join(map(flow, e.validator_value))}{example}"
     if e.validator == "oneOf":

@@ -84,13 +84,14 @@ def code_of(exp: registry.Experiment) -> str:
     return provenance.source_digest(exp.sources)
 
 
-def resources(cluster: dict, fp: dict, locks: dict) -> dict:
+def resources(cluster: dict, fp: dict, locks: dict, cache: dict | None = None) -> dict:
     """`resources: **...` of every measurement rule (profiles/slurm, docs/cluster.md).
 
     Local runs use only `measure` (profiles/default limits it to 1 at a time).
     tasks_per_gpu=0: without it the SLURM plugin turns `tasks` into --ntasks-per-gpu
     as well, on a GPU job. lock_dir and lock_wait_s reach the watchdog
-    (dpscale.run.devices) as resources, not params: changing them must not rerun a
+    (dpscale.run.devices), and cache_dir (the compilation caches' root,
+    dpscale.run.caches), as resources, not params: changing them must not rerun a
     measurement. No executor reads them (the SLURM plugin maps only names it knows; a
     job step gets lock_wait_s as --resources, which it meets)."""
     eff = dscluster.effective(cluster, fp)
@@ -128,7 +129,7 @@ def resources(cluster: dict, fp: dict, locks: dict) -> dict:
         return min(k, eff["gpus_per_node"]) if k <= dscluster.capacity(eff) else 1
 
     out = dict(gpu=gpus, gres=gres, nodes=nodes, tasks=tasks, tasks_per_gpu=0, mpi=mpi, measure=1,
-               lock_dir=locks["dir"], lock_wait_s=locks["wait_s"])
+               lock_dir=locks["dir"], lock_wait_s=locks["wait_s"], cache_dir=(cache or {}).get("dir") or "")
     if not has_gpus:
         out["cpus_per_task"] = cpus   # with GPUs, the profile's cpus_per_gpu applies
     return out

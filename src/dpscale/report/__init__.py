@@ -10,6 +10,7 @@ writes, under out_dir:
     results.csv          the tidy table: one row per machine, result and metric (report/tidy.py)
     plan.json            what was planned, and how: `dpscale keep` copies it with the results
     forecast.json        the forecast of every machine, its band and its validation (report/forecast.py)
+    summary.txt          the answer in plain text, which `snakemake ... report` prints last (report/summary.py)
 
 A chapter (chapters/<key>.py) owns its figures, tables and prose (prose/<key>.rst,
 prose/figures/<name>.rst); its figures are drawn by figures/<key>.py. The
@@ -61,9 +62,12 @@ def build(runs_dir, fingerprint_path, out_dir, *, targets=None, references=(), b
     captions = {spec.name: prose(f"figures/{spec.name}") for _chapter, spec in figure_specs()}
     render.write_all(out, pages, header(data), captions, csv_tables())
     from dpscale.report import tidy   # pandas: only here, never when the workflow is parsed
-    tidy.write(data.measured, out / "results.csv")
+    from dpscale.report.chapters.tta import tidy_rows
+    tidy.write(data.measured, out / "results.csv", tidy_rows(data))
     write_json_atomic(out / "plan.json", plan_record(data))
     forecast.write(out / "forecast.json", forecast.compute(data))
+    from dpscale.report import summary
+    summary.write(out / "summary.txt", summary.text(data, out / "report.html"))   # what the run prints last
     counts = {m.label: m.counts() for m in data.measured}
     return {"machines": [m.name for m in data.machines], "figures": list(images), "counts": counts,
             "headlines": {f.name: f.headline for p in pages for f in p.figures},

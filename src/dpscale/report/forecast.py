@@ -82,16 +82,15 @@ def parts(results: dict, family: str, params_hint: float | None) -> dict:
 
 def payloads(probes: list[dict], census: list[dict], family: str, params_hint) -> tuple[tuple, str]:
     """One step's all-reduce payloads: XLA's (the census) for JAX, DDP's recorded buckets,
-    else DDP's default bucketing of the gradient bytes."""
+    else DDP's default bucketing of the gradient bytes (the probe's, the book's model, or
+    the pipeline's ResNet-18: models.NUM_PARAMS fp32 gradients)."""
     from dpscale.analysis.forecast import model as fc
+    from dpscale.model.models import NUM_PARAMS
     if family == "jax" and census and census[0].get("allreduce_elements"):
         return tuple(4.0 * x for x in census[0]["allreduce_elements"]), "XLA's all-reduces (the HLO census)"
     if family == "torch" and probes and probes[0].get("bucket_bytes"):
         return tuple(float(b) for b in probes[0]["bucket_bytes"]), "DDP's buckets (recorded by the probe)"
-    grad = next((p["grad_bytes"] for p in probes if p.get("grad_bytes")), None) or (
-        4.0 * params_hint if params_hint else None)
-    if not grad:
-        return (), "no gradient size recorded"
+    grad = next((p["grad_bytes"] for p in probes if p.get("grad_bytes")), None) or 4.0 * (params_hint or NUM_PARAMS)
     return tuple(fc.ddp_buckets(grad)), f"{grad / 1e6:.1f} MB of fp32 gradients in DDP's default buckets"
 
 
@@ -136,6 +135,7 @@ def given_fabric(paths, base: Path | None = None):
     intra = fabric_file.fabric_tiers(one[0]).intra if one else None
     multi = [s for s in sweeps if s.hosts > 1]
     tiers = fabric_file.fabric_tiers(multi[0], intra) if multi else None
+    intra = intra or (tiers.intra if tiers and tiers.per_node > 1 else None)   # "neglected", and says so
     names = "; ".join(f"{Path(s.source).name} ({s.ranks} ranks on {s.hosts} host(s)"
                       + (f", {s.gpu}" if s.gpu else "") + ")" for s in (one[:1] + multi[:1]))
     return fit.Given(intra, tiers.inter if tiers else None, tiers.per_node if tiers else None, names)
@@ -326,4 +326,51 @@ def text(forecasts: list[dict]) -> str:
         for s in f["series"]:
             lines += series_text(s)
         lines += validation_text(f)
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- `dpscale forecast`: time to accuracy
+
+def _tta_row(r: dict, t: dict | None, n: int) -> str:
+    iv = (lambda lo, hi, f: f"[{f(lo)}, {f(hi)}]" if lo is not None and hi is not None else "")
+    f1, f2 = (lambda x: f"{x:.1f}"), (lambda x: f"{x:.2f}")
+    time = f"{r['time_s']:7.1f} {iv(r['time_s_lo'], r['time_s_hi'], f1):<14}" if r["time_s"] is not None else \
+        f"{'–':>7} {'':<14}"
+    sp = f"{r['speedup']:5.2f}x {iv(r['speedup_lo'], r['speedup_hi'], f2):<13}" if r["speedup"] is not None else \
+        f"{'–':>6} {'':<13}"
+    tr = f"{t['speedup']:5.2f}x" if t and t.get("speedup") is not None else f"{'–':>6}"
+    sps = f"{r['samples_per_s']:9,.0f}" if r["samples_per_s"] is not None else f"{'–':>9}"
+    return (f"    {r['k']:>4} {r['global_batch']:>6} {r['samples'] / n:6.2f} {iv(r['samples_lo'] / n, r['samples_hi'] / n, f2):<14}"
+            f" {r['samples_input']:<9} {sps} {r['samples_per_s_input']:<30} {time} {sp} {tr}"
+            + (f"  p_fastest {r['p_fastest']:.2f}" if r.get("p_fastest") else ""))
+
+
+def tta_text(machines: list, forecasts: list[dict]) -> str:
+    """The time-to-accuracy forecast beside the throughput one (dpscale.report.tta): per
+    machine with a ddp_tta result, predicted epochs to target, samples/s, time to accuracy
+    and its speed-up over k=1 (evaluation on the clock, and training only), with bands."""
+    from dpscale.report import tta
+    by = {f["machine"]: f for f in forecasts}
+    lines = ["\nTime to accuracy (samples to target from the E(B) fit over seeds / samples/s; bands joint, 95% "
+             "over seeds and the throughput's band as given)"]
+    for m in (m for m in machines if m.kind != "book"):
+        rec = tta.of_machine(m, by.get(m.name))
+        for rule in rec["rules"].values():
+            f, n = rule["forecast"], rule["train_images"] or 1
+            lines.append(f"\n== {m.name}, {rule['rule']} LR, target {rule['target']:.0%}")
+            if not f:
+                lines.append(f"  no forecast: {rule['fit_note'] or 'no samples/s at any k'}")
+                continue
+            fit = rule["fit"]
+            lines.append(f"  E(B) fit: E_min {fit['E_min']['value'] / n:.2f} epochs, B_crit {fit['B_crit']['value']:.0f} "
+                         f"samples; soonest k={f['clock']['fastest_k']}, fewest GPU-hours k={f['clock']['cheapest_k']} "
+                         f"(evaluation on the clock)")
+            lines.append(f"    {'k':>4} {'batch':>6} {'epochs [95%]':<21} {'samples':<9} {'samples/s':>9} "
+                         f"{'from':<30} {'time s [band]':<22} {'speed-up [band]':<20} {'training only'}")
+            lines += [_tta_row(r, tta.forecast_row(rule, r["k"], "train"), n) for r in f["clock"]["rows"]]
+            lines += [f"  out of sample: k={h['k']} from k <= {max(h['from_ks'])}: predicted "
+                      f"{h['predicted_epochs']:.2f} epochs, measured " + (f"{h['measured_epochs']:.2f}, inside "
+                      f"the band: {h['inside_band']}" if h.get("measured_epochs") is not None else
+                      f"none ({h.get('censored_n')} seed(s) not at the target)") for h in rule["holdout"]
+                      if h.get("predicted_epochs") is not None]
     return "\n".join(lines)

@@ -16,6 +16,14 @@ when the result holds `<metric>_launches` (paired trials for the probe's
 repeats, the pairs, `<metric>_n` or the result's `repeats`).
 A planned result with no number (failed, hung, skipped, not run) keeps one row with
 an empty metric, so a failure is never dropped from the table.
+
+The report adds the numbers it derives from several results (`derived`): per machine,
+LR rule and k of ddp_tta, samples_to_target_interpolated, statistical_efficiency (and
+_mlperf), tta_speedup and tta_speedup_training_only (time to accuracy at k=1 over at k,
+evaluation on the clock or not), goodput_efficiency, time_to_accuracy_s (and
+_training_only_s), samples_per_s_for_tta and tta_clock_speedup, each with its 95%
+interval over independent seeded launches (`covers`); and the forecast's
+predicted_* rows (variant '<rule> (forecast)', status 'predicted', its joint band).
 """
 from __future__ import annotations
 
@@ -50,7 +58,7 @@ UNITS = (
     (r"(^|_)MB(_|$)", "MB"),
     (r"(^|_)GB$", "GB"),
     (r"^seconds_to_target|^eval_s_", "s"),                         # time to accuracy (MLPerf's clock)
-    (r"^samples_to_target|_every_samples$", "samples"),
+    (r"^(predicted_)?samples_to_target|_every_samples$|^b_(simple|crit)", "samples"),
     (r"(^epochs_to_target|^max_epochs$|^warmup_epochs$)", "epochs"),
     (r"^image_size$", "px"),
     (r"(^lr_(base|peak)$|^target_accuracy$)", "1"),
@@ -59,7 +67,7 @@ UNITS = (
     (r"(^|_)bytes$", "B"),
     (r"_(elements|floats)$", "elements"),
     (r"^flops_per_sample$", "FLOP/sample"),
-    (r"(^mfu$|fraction|_share_|_over_|ratio|^rel_diff$|threshold$|_lag_|efficiency|^max_abs_)", "1"),
+    (r"(^mfu$|fraction|_share_|_over_|ratio|^rel_diff$|threshold$|_lag_|efficiency|speedup|^max_abs_)", "1"),
     (r"^loss", "1"),
     (r"(^repeats$|^launches$|(^|_)batch$|^steps_per_epoch$|_chars$)", "count"),
     (r"^representative_launch$", "index"),
@@ -135,10 +143,15 @@ def result_rows(machine: str, r: dict) -> list[dict]:
     return [{**head, **row, **tail} for row in rows]
 
 
-def table(machines: list[Machine]) -> pd.DataFrame:
-    """The tidy table of the measured machines (the book's published numbers are not results)."""
+def table(machines: list[Machine], derived: list[dict] | None = None) -> pd.DataFrame:
+    """The tidy table of the measured machines (the book's published numbers are not
+    results), then `derived`: numbers the report computes from several results (time
+    to accuracy's statistical efficiency, speed-ups and goodput with their intervals:
+    dpscale.report.chapters.tta.tidy_rows), each a row of these columns (unit from its
+    name when not given)."""
     rows = [row for m in machines if m.kind != "book"
             for _key, r in sorted(m.results.items()) for row in result_rows(m.label, r)]
+    rows += [{"unit": unit_of(r["metric"]), **r} for r in derived or []]
     df = pd.DataFrame(rows, columns=COLUMNS)
     for col in ("value", "ci_lo", "ci_hi"):
         df[col] = pd.to_numeric(df[col], errors="raise").astype("float64")
@@ -147,8 +160,8 @@ def table(machines: list[Machine]) -> pd.DataFrame:
     return df
 
 
-def write(machines: list[Machine], path: str | Path) -> pd.DataFrame:
+def write(machines: list[Machine], path: str | Path, derived: list[dict] | None = None) -> pd.DataFrame:
     """results.csv, atomically: empty cells for what a row lacks."""
-    df = table(machines)
+    df = table(machines, derived)
     write_atomic(path, df.to_csv(index=False))
     return df

@@ -20,6 +20,16 @@ protocol key of the throughput experiments), each writing its own result, and
 
 A failed or hung launch makes the whole point failed or hung (the caller stops
 at the first one and records its reason): no half merges. Pure: no processes.
+
+What the point cost (`stamp`, `cost_fields`), for every experiment: `launch_s`, the
+seconds from the spawn of a launch's process to its exit; `start_s`, from that spawn to
+the wall-clock time the worker stamped on its first timed step (`first_timed_step_unix`,
+the throughput experiments: imports, process group, data, the warm-up epoch with its
+compilation), which a warm compilation cache shortens; `start_s_launches` and
+`launch_s_launches` for every launch, `start_s` and `launch_s` of the representative one,
+and `wall_s`, the job's wall time from the first spawn to the end of its last launch;
+`compile_cache_launches`, each launch's lookups in the persistent compilation caches
+(dpscale.run.caches), where its worker counted any: a warm cache shows as hits.
 """
 from __future__ import annotations
 
@@ -31,6 +41,7 @@ from dpscale.measure import gpustate
 
 KEY = "launches"   # the protocol key
 METRIC = "samples_per_s"
+STAMP = "first_timed_step_unix"   # a worker's wall-clock time of its first timed step (time.time())
 ACROSS, WITHIN = stats.ACROSS, stats.WITHIN   # what an interval covers, named once
 
 
@@ -79,3 +90,24 @@ def _single(results: list[dict]) -> dict:
 def _gpu(results: list[dict]) -> dict:
     state = gpustate.combine([r.get("gpu_state") for r in results])
     return {"gpu_state": state} if state is not None else {}
+
+
+def stamp(result: dict, spawned_unix: float, elapsed_s: float) -> dict:
+    """A launch's result with its cost: launch_s, and start_s where its worker stamped its
+    first timed step (the stamp itself leaves the metrics: a time of day is no metric)."""
+    m = result["metrics"]
+    first = m.pop(STAMP, None)
+    if first is not None:
+        m["start_s"] = round(float(first) - spawned_unix, 3)
+    m["launch_s"] = round(elapsed_s, 3)
+    return result
+
+
+def cost_fields(results: list[dict], wall_s: float) -> dict:
+    """The job's cost from its stamped launches (in launch order) and its wall time."""
+    out = {"launch_s_launches": [r["metrics"].get("launch_s") for r in results], "wall_s": round(wall_s, 3)}
+    for name in ("start_s", "compile_cache"):   # where a launch's worker recorded it
+        values = [r["metrics"].get(name) for r in results]
+        if any(v is not None for v in values):
+            out[f"{name}_launches"] = values
+    return out

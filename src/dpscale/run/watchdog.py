@@ -9,7 +9,13 @@ off its GPUs. So this wrapper:
   locks.wait_s for a holder to finish, and records `failed: devices busy` if it
   does not;
 - starts the worker (dpscale.run.command.worker_command) in its own process group, tied
-  to this process by PR_SET_PDEATHSIG, with the lock descriptors passed on;
+  to this process by PR_SET_PDEATHSIG, with the lock descriptors passed on, and the
+  persistent compilation caches of its family in its environment (dpscale.run.caches:
+  config cache.dir; a cache that cannot be used turns them off, never fails the job);
+- prints a heartbeat line into the job's log every HEARTBEAT_S while a launch runs;
+- records what the answer cost: each launch's start (from the spawn of its process to
+  the wall-clock time its worker stamped on its first timed step, `start_s`), each
+  launch's seconds and the job's wall time (dpscale.run.launches.cost_fields);
 - polls: if the job's shell or Snakemake dies (dpscale.run.lifeline.Ancestry), it kills
   the group at once and exits, recording nothing (the next run redoes the job, which
   Snakemake marked incomplete); at the limit it kills the group and records `hung`;
@@ -34,7 +40,7 @@ from pathlib import Path
 
 from dpscale.measure import gpustate
 from dpscale.plan import specs
-from dpscale.run import command, devices, flight, joblogs, launches, lifeline
+from dpscale.run import caches, command, devices, flight, joblogs, launches, lifeline
 from dpscale import provenance, registry
 from dpscale.results import job_label, make_result, record_failure, utc_now, write_json_atomic
 
@@ -42,6 +48,7 @@ POLL_S = 0.5          # how soon a dead Snakemake or a finished worker is notice
 ORPHAN_GRACE_S = 3    # SIGTERM -> SIGKILL when no one waits for the job: all gone within 10 s
 LOG_TAIL = 30         # lines of the job's log kept in a failed or hung record
 RANK_TAIL = 10        # lines of each rank's log
+HEARTBEAT_S = 60      # a line in the job's log this often while a launch runs (tail -f)
 
 
 class Stop(Exception):
@@ -116,24 +123,28 @@ class Outcome:
     elapsed: float
     killed: str | None    # None, "limit", or why the job had no one left to wait for it
     stray: bool           # processes of the group still alive after the kill
+    spawned_unix: float = 0.0   # wall-clock time of the spawn: a worker's timestamps are measured from it
 
 
 def supervise(cmd: list[str], env: dict, limit: float, grace: float, pass_fds=(),
-              ancestry: lifeline.Ancestry | None = None, before_kill=None) -> Outcome:
+              ancestry: lifeline.Ancestry | None = None, before_kill=None, label: str = "") -> Outcome:
     """Run `cmd` in its own process group until it exits, passes `limit` seconds, or
     its ancestry breaks; the group is gone (or `stray`) when this returns."""
-    t0 = time.monotonic()
+    spawned, t0 = time.time(), time.monotonic()
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent,
                             pass_fds=tuple(pass_fds))
-    killed = None
+    killed, beat = None, t0 + HEARTBEAT_S
     try:
         while (rc := proc.poll()) is None:
             if ancestry and (broken := ancestry.broken()):
                 killed = f"no one waits for this job any more: {broken}"
                 break
-            if time.monotonic() - t0 >= limit:
+            if (now := time.monotonic()) - t0 >= limit:
                 killed = "limit"
                 break
+            if now >= beat:
+                print(f"[watchdog] {label}running, {now - t0:.0f} s of the {limit:g} s limit", flush=True)
+                beat += HEARTBEAT_S
             time.sleep(POLL_S)
     except (KeyboardInterrupt, Stop):   # Snakemake stops us: take the ranks down with us
         lifeline.kill_group(proc.pid, ORPHAN_GRACE_S, proc)
@@ -146,7 +157,7 @@ def supervise(cmd: list[str], env: dict, limit: float, grace: float, pass_fds=()
     if killed or lifeline.group_alive(proc.pid):   # also ranks left behind by an exited torchrun
         lifeline.kill_group(proc.pid, grace if killed == "limit" else ORPHAN_GRACE_S, proc)
     proc.wait()
-    return Outcome(None if killed else rc, elapsed, killed, lifeline.group_alive(proc.pid))
+    return Outcome(None if killed else rc, elapsed, killed, lifeline.group_alive(proc.pid), spawned)
 
 
 def collect_rank_logs(torchrun_dir: Path, dest_prefix: Path) -> dict[str, Path]:
@@ -235,13 +246,15 @@ def record_outcome(job: Job, out: Outcome, produced: Path, label: str = "") -> d
     return None
 
 
-def finish(job: Job, done: list[dict]) -> int:
-    """The job's one result from its launches' (dpscale.run.launches.merge), failed
-    where the config's gpu_state policy says a shared or throttled device fails it."""
+def finish(job: Job, done: list[dict], wall_s: float) -> int:
+    """The job's one result from its launches' (dpscale.run.launches.merge), with what it
+    cost (each launch's start and seconds, the job's wall time), failed where the config's
+    gpu_state policy says a shared or throttled device fails it."""
     try:
         merged = launches.merge(done)
     except ValueError as e:   # launches of a result with nothing to merge them by
         return job.fail(str(e))
+    merged["metrics"].update(launches.cost_fields(done, wall_s))
     if len(done) > 1:
         m = merged["metrics"]
         print(f"[watchdog] {len(done)} launches, samples/s {', '.join(f'{v:.4g}' for v in m['samples_per_s_launches'])}: "
@@ -273,18 +286,26 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"folder of the per-device locks (config locks.dir; default {devices.DEFAULT_DIR})")
     ap.add_argument("--lock-wait-s", type=float, default=300,
                     help="seconds to wait for a device another process holds (config locks.wait_s)")
+    ap.add_argument("--cache-dir", default=None,
+                    help="root of the persistent compilation caches (config cache.dir; dpscale.run.caches); "
+                         "without it the worker keeps the environment it has")
     ap.add_argument("cmd", nargs=argparse.REMAINDER,
                     help="-- a command to run instead of the spec's worker (tests)")
     return ap
 
 
-def prepare(job: Job, cmd: list[str]) -> tuple[list[str], dict]:
-    """The command (multi-node: srun + torchrun c10d / jax.distributed) and its environment."""
+def prepare(job: Job, cmd: list[str], cache_dir: str | None = None) -> tuple[list[str], dict]:
+    """The command (multi-node: srun + torchrun c10d / jax.distributed) and its environment,
+    with the compilation caches of the job's family under `cache_dir` (dpscale.run.caches)."""
     spec = job.spec
     launch_env = {}
     if spec.get("launch"):
         cmd, launch_env = command.multinode_command(cmd, spec["launch"])   # RuntimeError outside SLURM
     env = {**os.environ, **spec.get("env", {}), **launch_env, "PYTHONUNBUFFERED": "1"}
+    changes, note = caches.env_for(cache_dir, registry.get(spec["experiment"]).family, spec.get("fingerprint") or {})
+    env = caches.apply(env, changes)
+    if note:
+        print(f"[watchdog] {note}", flush=True)
     if spec.get("threads_per_rank"):   # before the worker loads torch: its OpenMP pool reads it once
         env["OMP_NUM_THREADS"] = str(spec["threads_per_rank"])
     if job.rank_dir.exists():
@@ -296,11 +317,40 @@ def prepare(job: Job, cmd: list[str]) -> tuple[list[str], dict]:
     return cmd, env
 
 
+def run_launches(job: Job, cmd: list[str], env: dict, held, ancestry: lifeline.Ancestry) -> int:
+    """The job's launches, one after another (dpscale.run.launches), each stamped with its
+    start and seconds; the first that does not end ok ends the job with its record."""
+    spec = job.spec
+    limit, grace = float(spec["limit_s"]), float(spec.get("grace_s", 15))
+    pipe = env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") if job.trace_prefix else None
+    n, done, t0 = launches.count(spec), [], time.monotonic()
+    for i in range(1, n + 1):
+        produced, label = launch_path(job, i, n), (f"launch {i}/{n}: " if n > 1 else "")
+        if n > 1:
+            print(f"[watchdog] launch {i}/{n}, writing {produced}", flush=True)
+        if spec["backend"] == "nccl":   # the flight recorder's dumps go there
+            job.rank_dir.mkdir(parents=True, exist_ok=True)
+        argv = [a.replace(str(job.result), str(produced)) for a in cmd]
+        out = supervise(argv, env, limit, grace, held.fds, ancestry, label=label,
+                        before_kill=lambda: flight.request_dumps(pipe))   # NCCL: a dump before the kill
+        if out.killed and out.killed != "limit":
+            print(f"[watchdog] {out.killed}: killed process group; nothing recorded "
+                  "(Snakemake marked the job incomplete, the next run redoes it)", flush=True)
+            return 1
+        if (r := record_outcome(job, out, produced, label)) is None:
+            return 0
+        done.append(launches.stamp(r, out.spawned_unix, out.elapsed))
+        if (start := r["metrics"].get("start_s")) is not None:
+            print(f"[watchdog] {label}first timed step {start:.1f} s after the spawn; "
+                  f"the launch took {out.elapsed:.1f} s", flush=True)
+    return finish(job, done, time.monotonic() - t0)
+
+
 def run(job: Job, args, cmd: list[str]) -> int:
     spec = job.spec
     ancestry = lifeline.Ancestry.of_this_process()
     try:
-        cmd, env = prepare(job, cmd)
+        cmd, env = prepare(job, cmd, args.cache_dir)
     except RuntimeError as e:
         return job.fail(str(e))
     try:   # a wait for the locks is given up, too, when no one waits for the job
@@ -311,31 +361,13 @@ def run(job: Job, args, cmd: list[str]) -> int:
     except devices.GaveUp as e:
         print(f"[watchdog] no one waits for this job any more: {e}; gave up waiting for its devices", flush=True)
         return 1
-    limit, grace = float(spec["limit_s"]), float(spec.get("grace_s", 15))
-    pipe = env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") if job.trace_prefix else None
-    n, done = launches.count(spec), []
+    limit, n = float(spec["limit_s"]), launches.count(spec)
     try:
         with held:
             print(f"[watchdog] limit {limit:g} s per launch (process-group timeout {specs.pg_timeout_s(limit):g} s), "
                   f"{n} launch(es), devices {', '.join(held.names)}, env {spec.get('env', {})}\n"
                   f"[watchdog] watching {ancestry.describe()}\n[watchdog] $ {' '.join(cmd)}", flush=True)
-            for i in range(1, n + 1):
-                produced, label = launch_path(job, i, n), (f"launch {i}/{n}: " if n > 1 else "")
-                if n > 1:
-                    print(f"[watchdog] launch {i}/{n}, writing {produced}", flush=True)
-                if spec["backend"] == "nccl":   # the flight recorder's dumps go there
-                    job.rank_dir.mkdir(parents=True, exist_ok=True)
-                argv = [a.replace(str(job.result), str(produced)) for a in cmd]
-                out = supervise(argv, env, limit, grace, held.fds, ancestry,
-                                before_kill=lambda: flight.request_dumps(pipe))   # NCCL: a dump before the kill
-                if out.killed and out.killed != "limit":
-                    print(f"[watchdog] {out.killed}: killed process group; nothing recorded "
-                          "(Snakemake marked the job incomplete, the next run redoes it)", flush=True)
-                    return 1
-                if (r := record_outcome(job, out, produced, label)) is None:
-                    return 0
-                done.append(r)
-        return finish(job, done)
+            return run_launches(job, cmd, env, held, ancestry)
     finally:
         for i in range(1, n + 1):
             if (p := launch_path(job, i, n)) != job.result:

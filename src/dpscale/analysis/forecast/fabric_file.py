@@ -403,6 +403,17 @@ def _ranks_from_ratio(table) -> int | None:
     return n if abs(2 * (n - 1) / n - ratio) < 0.02 * ratio else None
 
 
+def _ranks(p, table, ranks: int | None, source: str, notes: list) -> int:
+    """The ranks the file says (or the caller gave), else from busbw/algbw; checked."""
+    if ranks is None:
+        ranks = _ranks_from_ratio(table)
+        if ranks is None:
+            raise FabricFileError(f"{p}: no {source}, and busbw/algbw does not give the ranks; pass ranks=")
+        notes.append(f"{ranks} ranks from busbw/algbw = 2(n-1)/n (no {source})")
+    _check_allreduce(p, table, ranks)
+    return ranks
+
+
 def _check_allreduce(p, table, ranks: int):
     """busbw / algbw must be all-reduce's 2(n-1)/n: all_gather and reduce_scatter give
     (n-1)/n, sendrecv and broadcast 1."""
@@ -439,14 +450,7 @@ def _read_table(p: Path, text: str, ranks, hosts, placement) -> Sweep:
     (dtype, redop), table = _pick_group(by_key, notes)
     if s["cputime"]:
         notes.append("time is CPU time (-C 1), not the operation's latency")
-    from_lines = len(s["ranks"]) or None
-    ranks = _given(p, "ranks", from_lines, ranks)
-    if ranks is None:
-        ranks = _ranks_from_ratio(table)
-        if ranks is None:
-            raise FabricFileError(f"{p}: no Rank lines, and busbw/algbw does not give the ranks; pass ranks=")
-        notes.append(f"{ranks} ranks from busbw/algbw = 2(n-1)/n (no Rank lines)")
-    _check_allreduce(p, table, ranks)
+    ranks = _ranks(p, table, _given(p, "ranks", len(s["ranks"]) or None, ranks), "Rank lines", notes)
     per_host: dict = {}
     for seen in s["ranks"].values():
         per_host[seen[0][0]] = per_host.get(seen[0][0], 0) + 1
@@ -505,13 +509,8 @@ def _read_nccl_json(p: Path, doc: dict, ranks, hosts, placement) -> Sweep:
     cfg = doc.get("config") or {}
     devices = [d for d in cfg.get("devices") or [] if isinstance(d, dict)]
     per_proc = int(cfg.get("nthreads") or 1) * int(cfg.get("ngpus") or 1)
-    ranks = _given(p, "ranks", len(devices) * per_proc if devices else None, ranks)
-    if ranks is None:
-        ranks = _ranks_from_ratio(table)
-        if ranks is None:
-            raise FabricFileError(f"{p}: no devices in config, and busbw/algbw does not give the ranks; pass ranks=")
-        notes.append(f"{ranks} ranks from busbw/algbw = 2(n-1)/n (no devices listed)")
-    _check_allreduce(p, table, ranks)
+    ranks = _ranks(p, table, _given(p, "ranks", len(devices) * per_proc if devices else None, ranks),
+                   "devices in config", notes)
     per_host: dict = {}
     for d in devices:   # each entry is one process: its first rank of nthreads x ngpus
         per_host[d.get("hostname")] = per_host.get(d.get("hostname"), 0) + per_proc

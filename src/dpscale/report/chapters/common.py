@@ -78,3 +78,8 @@ def label(m: Machine) -> str:
 
 
 __all__ = ["prose", "figure", "missing_notes", "jobs_table", "records_table", "by_machine", "fmt_num"]
+
+
+def not_ok_row(m: Machine, k: int, r: dict) -> dict:
+    """The row of a job that left no number: its status and why."""
+    return {"machine": m.name, "k": k, "status": r["status"], "reason": r.get("reason") or ""}

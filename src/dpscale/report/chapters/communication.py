@@ -7,7 +7,8 @@ from dpscale.report.document import Cell, Chapter, FigureSpec, Page
 from dpscale.report.machines import Machine, ReportData
 from dpscale.report.numbers import allreduce_at, allreduce_table, avg_busbw, distinguishable, fmt_num, metric, ok, probe_rows
 from dpscale.report.chapters.book_table import printed_cell, row, status_text
-from dpscale.report.chapters.common import by_machine, figure, jobs_table, label, missing_notes, prose, records_table
+from dpscale.report.chapters.common import (by_machine, figure, jobs_table, label, missing_notes, not_ok_row, prose,
+                                            records_table)
 
 FIGURES = (FigureSpec("comm_probe", "no_sync() probe: measured communication against the cost model"),
            FigureSpec("allreduce", "Bare all-reduce: bus bandwidth against payload, default and memcpy"),
@@ -156,7 +157,7 @@ def bucket_records(m: Machine) -> list[dict]:
     out = []
     for k, r in m.series("ddp_bucket_sweep", "default").items():
         if not ok(r):
-            out.append({"machine": m.name, "k": k, "status": r["status"], "reason": r.get("reason") or ""})
+            out.append(not_ok_row(m, k, r))
             continue
         best = metric(r, "best_bucket_cap_MiB")
         for p in metric(r, "sweep", default=[]):

@@ -5,7 +5,8 @@ from dpscale.analysis import costmodel
 from dpscale.report.document import Chapter, FigureSpec, Page
 from dpscale.report.machines import Machine, ReportData
 from dpscale.report.numbers import metric, ok
-from dpscale.report.chapters.common import by_machine, figure, jobs_table, label, missing_notes, prose, records_table
+from dpscale.report.chapters.common import (by_machine, figure, jobs_table, label, missing_notes, not_ok_row, prose,
+                                            records_table)
 
 FIGURES = (FigureSpec("fsdp_memory", "Training state per rank, FSDP against DDP; ZeRO sizing of a 7B model"),)
 STATE = ("params_MiB", "grads_MiB", "optimizer_MiB")
@@ -18,7 +19,7 @@ def fsdp_rows(m: Machine) -> list[dict]:
     rows = []
     for k, r in m.series("fsdp", "default").items():
         if not ok(r):
-            rows.append({"machine": m.name, "k": k, "status": r["status"], "reason": r.get("reason") or ""})
+            rows.append(not_ok_row(m, k, r))
             continue
         for name in ("ddp", "fsdp"):
             d = metric(r, name, default={})

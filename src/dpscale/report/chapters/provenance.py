@@ -1,5 +1,6 @@
 """Provenance, first: which machines, at what scale, on real or synthetic data, with
-what code, from which command and configuration; then the full fingerprints."""
+what code, from which command and configuration; then the full fingerprints, and what
+each job cost (its wall time, its launches, each launch's start)."""
 from __future__ import annotations
 
 import json
@@ -7,6 +8,8 @@ import json
 from dpscale.report.document import Cell, Chapter, Page, Table
 from dpscale.report.machines import Machine, ReportData
 from dpscale.report.chapters.common import prose
+from dpscale.report.numbers import fmt_num
+from dpscale.results import job_label
 
 FP_KEYS = ("gpu_model", "gpu_count", "gpu_memory_MiB", "interconnect", "driver", "cuda", "torch_cuda",
            "nccl", "torch", "torchvision", "jax", "jaxlib", "flax", "optax", "numpy", "python",
@@ -87,9 +90,62 @@ def fingerprint_table(data: ReportData) -> Table:
                  ["key"] + [m.name for m in ms], rows)
 
 
+def launch_list(values: list | None) -> str:
+    return ", ".join("–" if v is None else fmt_num(v) for v in values) if values else "–"
+
+
+def cache_text(counts: dict | None) -> str:
+    """A launch's lookups in the compilation caches (dpscale.run.caches): what it loaded
+    and what it compiled and wrote (JAX), or hits and misses (torch.compile's FX graphs)."""
+    if not counts:
+        return "–"
+    if "loaded" in counts:
+        return f"{counts['loaded']} loaded, {counts['written']} compiled"
+    bypassed = counts.get("fx_graph_bypasses") or 0
+    return (f"{counts.get('fx_graph_hits', 0)} hits, {counts.get('fx_graph_misses', 0)} misses"
+            + (f", {bypassed} not cacheable" if bypassed else ""))
+
+
+def cost_rows(m: Machine) -> tuple[list[list], int]:
+    """A row per job of `m` that recorded its cost, then the machine's total; and how
+    many of its results predate the record (no wall_s)."""
+    rows, older, total = [], 0, 0.0
+    for r in m.all():
+        mt = r.get("metrics") or {}
+        if r["status"] in ("not run", "skipped"):
+            continue
+        if mt.get("wall_s") is None:
+            older += 1
+            continue
+        total += mt["wall_s"]
+        rows.append([m.label, job_label(r["experiment"], r["variant"], r["k"]), r["status"], mt["wall_s"],
+                     len(mt.get("launch_s_launches") or [None]), launch_list(mt.get("start_s_launches")),
+                     launch_list(mt.get("launch_s_launches")),
+                     "; ".join(cache_text(c) for c in mt.get("compile_cache_launches") or []) or "–"])
+    if rows:
+        rows.append([m.label, f"all {len(rows)} jobs", "", round(total, 3), sum(r[4] for r in rows), "", "", ""])
+    return rows, older
+
+
+def cost_table(data: ReportData) -> Table:
+    rows, notes = [], []
+    for m in data.measured:
+        mine, older = cost_rows(m)
+        rows += mine
+        if older:
+            notes.append(f"{m.label}: {older} result(s) measured before jobs recorded their cost")
+    note = ("wall s: the job from the spawn of its first launch to the end of its last; start s: from a "
+            "launch's spawn to its first timed step (imports, process group, data, warm-up and compiling), "
+            "the part a warm compilation cache shortens; compile cache: each launch's loads from it. "
+            + "; ".join(notes)).strip()
+    return Table("cost", "What each job cost: wall time, launches, each launch's start",
+                 ["machine", "job", "status", "wall s", "launches", "start s, each launch", "seconds, each launch",
+                  "compile cache, each launch"], rows, note)
+
+
 def page(data: ReportData) -> Page:
     return Page("provenance", CHAPTER.title, prose("provenance"), banners=banners(data),
-                tables=[machines_table(data), fingerprint_table(data)])
+                tables=[machines_table(data), fingerprint_table(data), cost_table(data)])
 
 
-CHAPTER = Chapter("provenance", "Provenance", (), ("machines", "fingerprint"), page)
+CHAPTER = Chapter("provenance", "Provenance", (), ("machines", "fingerprint", "cost"), page)

@@ -1,156 +1,456 @@
-"""Time to accuracy: epochs-to-target against the global batch per LR rule, time to
-accuracy against k, and goodput efficiency = hardware (weak-scaling) efficiency x
-statistical efficiency (samples-to-target(1) / samples-to-target(k)), the book's
-weak-scaling efficiency beside. Emulated k's say so in every row and legend."""
+"""Time to accuracy: every seed's crossing of the target (interpolated, MLPerf's first
+evaluation beside), samples to target against the global batch with the fitted E(B)
+model, time to accuracy and its speed-up over k=1 in two labelled forms (evaluation on
+the clock; training only) with 95% intervals over the seeds, goodput efficiency =
+hardware x statistical efficiency, the model checked out of sample, B_crit beside the
+measured noise scale, and the forecast to the throughput forecast's nodes. The numbers
+are dpscale.report.tta's, computed once per report. Emulated k's say so everywhere."""
 from __future__ import annotations
 
-from dpscale import registry
-from dpscale.analysis import tta
-from dpscale.report import forecast
-from dpscale.report.document import Chapter, FigureSpec, Page
+from dpscale.report import forecast as fcr, tta
+from dpscale.report.document import Cell, Chapter, FigureSpec, Page
 from dpscale.report.machines import Machine, ReportData
-from dpscale.report.numbers import metric, ok
+from dpscale.report.numbers import fmt_num, metric, ok
 from dpscale.report.chapters.common import figure, jobs_table, missing_notes, prose, records_table
 
-FIGURES = (FigureSpec("tta_epochs", "Epochs to the target accuracy against the global batch, per LR rule"),
-           FigureSpec("tta_goodput", "Time to accuracy against k, and goodput efficiency split into hardware "
-                                     "and statistical efficiency"))
+FIGURES = (FigureSpec("tta_epochs", "Epochs to the target accuracy against the global batch: every seed, the "
+                                    "mean with its interval, MLPerf's score, and the fitted E(B) with its band"),
+           FigureSpec("tta_goodput", "Time to accuracy against k (measured, emulated, predicted), and goodput "
+                                     "efficiency split into hardware and statistical efficiency"))
+TABLES = ("tta", "tta_seeds", "goodput", "tta_model", "tta_noise", "tta_holdout", "tta_forecast")
 TTA_COLUMNS = ["machine", "lr_rule", "k", "run", "global_batch", "target_accuracy", "seeds", "epochs_to_target",
-               "epochs_min", "epochs_max", "samples_to_target", "seconds_to_target", "seconds_min", "seconds_max",
-               "eval_every_samples", "not_converged", "not_launched", "no_result_reason"]
-GOODPUT_COLUMNS = ["machine", "lr_rule", "k", "run", "samples_to_target", "samples_per_s", "samples_per_s_source",
-                   "time_to_accuracy_s", "statistical_efficiency", "hardware_efficiency", "goodput_efficiency",
-                   "book_weak_efficiency"]
+               "epochs_interval", "samples_to_target", "samples_interval", "mlperf_epochs", "mlperf_epochs_min",
+               "mlperf_epochs_max", "mlperf_samples_to_target", "seconds_to_target", "seconds_min", "seconds_max",
+               "eval_every_samples", "not_converged", "not_launched", "no_result_reason", "estimator"]
+SEED_COLUMNS = ["machine", "lr_rule", "k", "run", "seed", "converged", "crossing", "epochs", "mlperf_epochs",
+                "resolution_epochs", "seconds", "mlperf_seconds", "best_accuracy"]
+GOODPUT_COLUMNS = ["machine", "lr_rule", "k", "run", "samples_per_s", "samples_per_s_interval",
+                   "samples_per_s_source", "time_to_accuracy_s", "time_to_accuracy_interval",
+                   "time_training_only_s", "time_training_only_interval", "speedup", "speedup_interval",
+                   "speedup_training_only", "speedup_training_only_interval", "statistical_efficiency",
+                   "statistical_efficiency_interval", "statistical_efficiency_mlperf", "hardware_efficiency",
+                   "goodput_efficiency", "goodput_efficiency_interval", "book_weak_efficiency", "clock_speedup",
+                   "clock_speedup_interval", "no_score"]
 
 
-def run_kind(r: dict) -> str:
-    return "emulated" if metric(r, "emulated") else "real DDP"
+# ---------------------------------------------------------------- the numbers, once per report
+
+def numbers(data: ReportData) -> list[tuple[Machine, dict]]:
+    """(machine, dpscale.report.tta.of_machine) of every measured machine with a
+    time-to-accuracy result, once per ReportData."""
+    if getattr(data, "_tta", None) is None:
+        fcs = {f["machine"]: f for f in fcr.compute(data)}
+        recs = [(m, tta.of_machine(m, fcs.get(m.name))) for m in data.measured]
+        data._tta = [(m, r) for m, r in recs if r["rules"]]
+    return data._tta
 
 
-def rule_series(m: Machine, rule: str) -> dict[int, tuple[dict, str]]:
-    """{k: (result, how it ran)} of one LR rule; below the rule's min_k its k's are
-    another rule's (linear at k=1 is the book's rule, run once: dpscale.registry)."""
-    v = registry.get("ddp_tta").variant(rule) if rule in registry.get("ddp_tta").variant_names() else None
-    out = {k: (r, run_kind(r)) for k, r in m.series("ddp_tta", rule).items()}
-    if v is not None and v.same_below:
-        for k, r in m.series("ddp_tta", v.same_below).items():
-            if k < v.min_k and k not in out:
-                out[k] = (r, f"{run_kind(r)}, the {v.same_below} rule's run (the same rule at k={k})")
-    return out
-
-
-def tta_rows(m: Machine) -> list[dict]:
-    rows = []
-    for rule in m.variants("ddp_tta"):
-        for k, (r, run) in sorted(rule_series(m, rule).items()):
-            if not ok(r):
-                continue
-            g = lambda key: metric(r, key)   # noqa: E731
-            rows.append({"machine": m.label, "lr_rule": rule, "k": k, "run": run,
-                         "global_batch": g("global_batch"), "target_accuracy": g("target_accuracy"),
-                         "seeds": ", ".join(map(str, g("seeds") or [])), "epochs_to_target": g("epochs_to_target"),
-                         "epochs_min": g("epochs_to_target_min"), "epochs_max": g("epochs_to_target_max"),
-                         "samples_to_target": g("samples_to_target"), "seconds_to_target": g("seconds_to_target"),
-                         "seconds_min": g("seconds_to_target_min"), "seconds_max": g("seconds_to_target_max"),
-                         "eval_every_samples": g("eval_every_samples"), "max_epochs": g("max_epochs"),
-                         "not_converged": ", ".join(map(str, g("not_converged_seeds") or [])) or "–",
-                         "not_launched": ", ".join(map(str, g("not_launched_seeds") or [])) or "–",
-                         "no_result_reason": g("no_result_reason") or "", "eval_s": g("eval_s_mean"),
-                         "runs": g("runs") or []})
-    return rows
+def of(data: ReportData, m: Machine) -> dict | None:
+    return next((r for x, r in numbers(data) if x is m), None)
 
 
 def weak_samples_per_s(m: Machine | None) -> dict[int, float]:
-    """samples/s(k) of a machine's weak scaling: the device-resident series (the loop
-    time to accuracy runs), else the first series it has (the book's: seed)."""
+    """samples/s(k) of a machine's weak scaling: the device-resident series, else the
+    first it has (the book's: seed)."""
     if m is None:
         return {}
     variants = m.variants("ddp_weak")
-    for v in ["cached"] + variants:
-        got = {k: metric(r, "samples_per_s") for k, r in m.series("ddp_weak", v).items() if ok(r)} if v in variants else {}
+    for v in [x for x in ("cached",) if x in variants] + variants:
+        got = {k: metric(r, "samples_per_s") for k, r in m.series("ddp_weak", v).items() if ok(r)}
         if got:
             return got
     return {}
 
 
-def forecast_provider(data: ReportData, m: Machine) -> tta.Provider:
-    """samples/s(k) where k did not run, from the scaling forecast (dpscale.report.forecast):
-    its DDP series (the cached one where measured), k x per-rank batch / predicted weak step.
-    At the forecast's per-rank batch (the throughput protocol's), which at paper scale is
-    time to accuracy's too (256)."""
-    f = next((f for f in forecast.compute(data) if f["machine"] == m.name), None)
-    ser = {s["variant"]: s for s in (f or {}).get("series", []) if s["family"] == "torch"}
-    s = ser.get("cached") or next(iter(ser.values()), None)
-    steps = {r["k"]: r.get("weak_step_ms") for r in (s or {}).get("rows", [])}
+# ---------------------------------------------------------------- cells
 
-    def provide(k: int):
-        ms = steps.get(k)
-        return (k * s["per_rank_batch"] / (ms / 1e3), "forecast") if ms and s.get("per_rank_batch") else \
-            (None, "not measured")
-    return provide
+def pc(x, digits: int = 1) -> Cell:
+    return Cell("–" if x is None else f"{100 * x:.{digits}f}%", raw=x)
 
 
-def no_score_text(r: dict) -> str:
-    """Why a time-to-accuracy point has no score, short: the first screen's words."""
-    bad = [x for x in r["not_converged"].split(", ") if x not in ("", "–")]
-    if len(bad) > 1 and r["max_epochs"]:
-        return f"{r['target_accuracy']:.0%} not reached within {r['max_epochs']:g} epochs by {len(bad)} seeds: no score"
-    return "no score: " + (r["no_result_reason"] or "not scored")
+def times(x) -> Cell:
+    return Cell("–" if x is None else f"{x:.2f}x", raw=x)
 
 
-def goodput_rows(data: ReportData, m: Machine) -> list[dict]:
-    provider = tta.chained(tta.measured_provider(weak_samples_per_s(m)), forecast_provider(data, m))
-    book = weak_samples_per_s(data.book)
+def iv(lo, hi, fmt=fmt_num) -> Cell:
+    """An interval's cell: [lo, hi] on the page, two numbers in the CSV."""
+    if lo is None or hi is None:
+        return Cell("–", raw=(None, None))
+    return Cell(f"[{fmt(lo)}, {fmt(hi)}]", raw=(lo, hi))
+
+
+def iv_pc(lo, hi) -> Cell:
+    return iv(lo, hi, lambda x: f"{100 * x:.1f}%")
+
+
+def iv_x(lo, hi) -> Cell:
+    return iv(lo, hi, lambda x: f"{x:.2f}x")
+
+
+def ep(x) -> Cell:
+    return Cell("–" if x is None else f"{x:.2f}", raw=x)
+
+
+def gh(x) -> Cell:
+    return Cell("–" if x is None else f"{x:.3g}", raw=x)
+
+
+def listed(xs) -> str:
+    return ", ".join(map(str, xs)) or "–"
+
+
+# ---------------------------------------------------------------- rows
+
+def each_point(data: ReportData):
+    """(machine, rule record, point) of every machine, LR rule and k."""
+    for m, rec in numbers(data):
+        for rule in rec["rules"].values():
+            for p in rule["points"]:
+                yield m, rule, p
+
+
+def no_score_text(p: dict) -> str:
+    """Why a point has no score, short: the first screen's words."""
+    if len(p["not_converged"]) > 1 and p["max_epochs"]:
+        return (f"{p['target']:.0%} not reached within {p['max_epochs']:g} epochs by {len(p['not_converged'])} "
+                "seeds: no score")
+    return "no score: " + (p["no_result_reason"] or "not scored")
+
+
+def tta_rows(data: ReportData) -> list[dict]:
     rows = []
-    for rule in m.variants("ddp_tta"):
-        mine = [r for r in tta_rows(m) if r["lr_rule"] == rule]
-        pts = [{"k": r["k"], "samples_to_target": r["samples_to_target"], "eval_s": r["eval_s"],
-                "emulated": r["run"] == "emulated"} for r in mine]
-        unscored = {r["k"]: no_score_text(r) for r in mine if r["epochs_to_target"] is None}
-        for row in tta.goodput(pts, provider):
-            k = row["k"]
-            rows.append({"machine": m.label, "lr_rule": rule, "run": "emulated" if row["emulated"] else "real DDP",
-                         **row, "book_weak_efficiency": book[k] / (k * book[1]) if k in book and 1 in book else None,
-                         "no_score": unscored.get(k)})
+    for m, rule, p in each_point(data):
+        rows.append({"machine": m.label, "lr_rule": rule["rule"], "k": p["k"], "run": p["run"],
+                     "global_batch": p["global_batch"], "target_accuracy": pc(p["target"], 0),
+                     "seeds": listed(p["seed_list"]), "epochs_to_target": ep(p["epochs"]),
+                     "epochs_interval": iv(p["epochs_lo"], p["epochs_hi"], lambda x: f"{x:.2f}"),
+                     "samples_to_target": p["samples"], "samples_interval": iv(p["samples_lo"], p["samples_hi"]),
+                     "mlperf_epochs": ep(p["mlperf_epochs"]), "mlperf_epochs_min": ep(p["mlperf_epochs_min"]),
+                     "mlperf_epochs_max": ep(p["mlperf_epochs_max"]), "mlperf_samples_to_target": p["mlperf_samples"],
+                     "seconds_to_target": p["clock_s"], "seconds_min": p["clock_s_min"],
+                     "seconds_max": p["clock_s_max"], "eval_every_samples": p["eval_every_samples"],
+                     "not_converged": listed(p["not_converged"]), "not_launched": listed(p["not_launched"]),
+                     "no_result_reason": p["no_result_reason"] or "", "estimator": p["samples_how"]})
     return rows
 
 
-def headline(data: ReportData) -> str:
-    parts = []
-    for m in data.measured:
-        for r in goodput_rows(data, m):
-            if r["lr_rule"] == "book" and r["k"] > 1 and r["statistical_efficiency"] is not None:
-                hw = f"{r['hardware_efficiency']:.0%}" if r["hardware_efficiency"] else "not measured"
-                parts.append(f"{m.label} k={r['k']} ({r['run']}): statistical efficiency "
-                             f"{r['statistical_efficiency']:.0%}, hardware {hw}")
-    return "; ".join(parts) or "No time-to-accuracy result with a score at k=1 and a larger k."
+def seed_rows(data: ReportData) -> list[dict]:
+    rows = []
+    for m, rule, p in each_point(data):
+        if "rule's run" in p["run"]:
+            continue   # another rule's seeds (linear at k=1 is the book's run): listed once, under that rule
+        n = p["train_images"]
+        e = (lambda x: ep(x / n if x is not None and n else None))
+        for s in p["seeds"]:
+            rows.append({"machine": m.label, "lr_rule": rule["rule"], "k": p["k"], "run": p["run"],
+                         "seed": s["seed"], "converged": s["converged"], "crossing": s["status"],
+                         "epochs": e(s["samples"]), "mlperf_epochs": e(s["mlperf_samples"]),
+                         "resolution_epochs": e(s["resolution_samples"]), "seconds": s["seconds"],
+                         "mlperf_seconds": s["mlperf_seconds"], "best_accuracy": pc(s["best_accuracy"], 2)})
+    return rows
+
+
+def goodput_rows(data: ReportData) -> list[dict]:
+    rows = []
+    book = weak_samples_per_s(data.book)
+    for m, rule, p in each_point(data):
+        k = p["k"]
+        g = (lambda key: (p.get(key), p.get(f"{key}_lo"), p.get(f"{key}_hi")))
+        rows.append({"machine": m.label, "lr_rule": rule["rule"], "k": k, "run": p["run"],
+                     "samples_per_s": p["samples_per_s"], "samples_per_s_interval": iv(*g("samples_per_s")[1:]),
+                     "samples_per_s_source": p["samples_per_s_source"], "time_to_accuracy_s": p["time_s"],
+                     "time_to_accuracy_interval": iv(*g("time_s")[1:]), "time_training_only_s": p["time_train_s"],
+                     "time_training_only_interval": iv(*g("time_train_s")[1:]), "speedup": times(p["speedup"]),
+                     "speedup_interval": iv_x(*g("speedup")[1:]), "speedup_training_only": times(p["speedup_train"]),
+                     "speedup_training_only_interval": iv_x(*g("speedup_train")[1:]),
+                     "statistical_efficiency": pc(p["statistical_efficiency"]),
+                     "statistical_efficiency_interval": iv_pc(*g("statistical_efficiency")[1:]),
+                     "statistical_efficiency_mlperf": pc(p["statistical_efficiency_mlperf"]),
+                     "hardware_efficiency": pc(p["hardware_efficiency"]),
+                     "goodput_efficiency": pc(p["goodput_efficiency"]),
+                     "goodput_efficiency_interval": iv_pc(*g("goodput_efficiency")[1:]),
+                     "book_weak_efficiency": pc(book[k] / (k * book[1]) if k in book and 1 in book else None),
+                     "clock_speedup": times(p["clock_speedup"]), "clock_speedup_interval": iv_x(*g("clock_speedup")[1:]),
+                     "no_score": "" if p["scored"] else no_score_text(p)})
+    return rows
+
+
+def each_rule(data: ReportData):
+    for m, rec in numbers(data):
+        for rule in rec["rules"].values():
+            yield m, rule
+
+
+def model_rows(data: ReportData) -> list[dict]:
+    """The E(B) fit per machine and LR rule, in epochs, samples and steps."""
+    rows = []
+    for m, rule in each_rule(data):
+        f, n = rule["fit"], rule["train_images"] or 1
+        if f is None:
+            rows.append({"machine": m.label, "lr_rule": rule["rule"], "note": f"no fit: {rule['fit_note']}"})
+            continue
+        e, s, b = f["E_min"], f["S_min"], f["B_crit"]
+        rows.append({"machine": m.label, "lr_rule": rule["rule"], "batches": listed(f["batches"]),
+                     "seeds_fitted": f["n"], "censored": listed(f"B={k}: {v}" for k, v in f["censored"].items()),
+                     "e_min_epochs": ep(e["value"] / n), "e_min_interval": iv(e["ci_lo"] / n, e["ci_hi"] / n,
+                                                                             lambda x: f"{x:.2f}"),
+                     "s_min_steps": s["value"], "s_min_interval": iv(s["ci_lo"], s["ci_hi"]),
+                     "b_crit_samples": b["value"], "b_crit_interval": iv(b["ci_lo"], b["ci_hi"]),
+                     "per_seed_cv": pc(f["sigma"]) if f["weighting"] == "cv" else f["sigma"], "df": f["df"],
+                     "weighting": f["weighting"], "note": b["note"]})
+    return rows
+
+
+MODEL_COLUMNS = ["machine", "lr_rule", "batches", "seeds_fitted", "censored", "e_min_epochs", "e_min_interval",
+                 "s_min_steps", "s_min_interval", "b_crit_samples", "b_crit_interval", "per_seed_cv", "df",
+                 "weighting", "note"]
+NOISE_COLUMNS = ["machine", "lr_rule", "k", "global_batch", "b_simple", "b_simple_interval", "b_simple_covers",
+                 "noise_source", "b_crit", "b_crit_over_b_simple", "ratio_interval", "same_order"]
+HOLDOUT_COLUMNS = ["machine", "lr_rule", "k", "run", "global_batch", "predicted_from", "predicted_epochs", "band",
+                   "band_kind", "measured_epochs", "seeds_measured", "error_epochs", "relative_error", "inside_band",
+                   "seeds_censored", "p_seed_over_budget", "p_censored_as_seen", "b_crit_of_fit", "note"]
+
+
+def noise_rows(data: ReportData) -> list[dict]:
+    return [{"machine": m.label, "lr_rule": rule["rule"], "k": r["k"], "global_batch": r["global_batch"],
+             "b_simple": r["b_simple"] if r["b_simple"] is not None else "not measured",
+             "b_simple_interval": iv(r["b_simple_lo"], r["b_simple_hi"]), "b_simple_covers": r["b_simple_covers"],
+             "noise_source": r["noise_source"], "b_crit": r["b_crit"], "b_crit_over_b_simple": r["ratio"],
+             "ratio_interval": iv(r["ratio_lo"], r["ratio_hi"]), "same_order": r["same_order"]}
+            for m, rule in each_rule(data) for r in rule["noise"]]
+
+
+def holdout_rows(data: ReportData) -> list[dict]:
+    rows = []
+    for m, rule in each_rule(data):
+        for h in rule["holdout"]:
+            rows.append({"machine": m.label, "lr_rule": rule["rule"], "k": h["k"], "run": h.get("run", ""),
+                         "global_batch": h.get("global_batch"), "predicted_from": "k = " + listed(h["from_ks"]),
+                         "predicted_epochs": ep(h.get("predicted_epochs")),
+                         "band": iv(h.get("band_lo"), h.get("band_hi"), lambda x: f"{x:.2f}"),
+                         "band_kind": h.get("band", ""), "measured_epochs": ep(h.get("measured_epochs")),
+                         "seeds_measured": h.get("measured_n"), "error_epochs": h.get("error_epochs"),
+                         "relative_error": pc(h.get("relative_error")), "inside_band": h.get("inside_band"),
+                         "seeds_censored": h.get("censored_n"), "p_seed_over_budget": h.get("p_seed_over_budget"),
+                         "p_censored_as_seen": h.get("p_censored_as_seen"), "b_crit_of_fit": h.get("b_crit"),
+                         "note": holdout_note(h, rule)})
+    return rows
+
+
+def holdout_note(h: dict, rule: dict) -> str:
+    if h.get("note"):
+        return h["note"]
+    if h.get("censored_n") and rule["max_epochs"]:
+        low = "; the measured mean is a lower bound" if h.get("measured_is_lower_bound") else ""
+        return (f"{h['censored_n']} seed(s) did not reach the target within {rule['max_epochs']:g} epochs{low}: "
+                f"the model gives a seed {h['p_seed_over_budget']:.0%} to need more, and {h['p_censored_as_seen']:.0%}"
+                " to see as many censored as were")
+    return ""
+
+
+FORECAST_COLUMNS = ["machine", "lr_rule", "k", "nodes", "global_batch", "epochs", "epochs_band", "samples_input",
+                    "over_budget", "samples_per_s", "samples_per_s_band", "samples_per_s_input", "time_to_accuracy_s",
+                    "time_to_accuracy_band", "speedup", "speedup_band", "p_fastest", "time_training_only_s",
+                    "speedup_training_only", "speedup_training_only_band", "gpu_hours", "gpu_hours_band",
+                    "p_cheapest"]
+
+
+def forecast_rows(data: ReportData) -> list[dict]:
+    """The time-to-accuracy forecast at every k of the throughput forecast: both forms."""
+    rows = []
+    for m, rule in each_rule(data):
+        f, n, cap = rule["forecast"], rule["train_images"] or 1, rule["budget_samples"]
+        for r in (f["clock"]["rows"] if f else []):
+            t = tta.forecast_row(rule, r["k"], "train") or {}
+            nodes = (rule["rates"].get(r["k"]) or {}).get("nodes", 1)
+            rows.append({"machine": m.label, "lr_rule": rule["rule"], "k": r["k"], "nodes": nodes,
+                         "global_batch": r["global_batch"], "epochs": ep(r["samples"] / n),
+                         "epochs_band": iv(r["samples_lo"] / n, r["samples_hi"] / n, lambda x: f"{x:.2f}"),
+                         "samples_input": r["samples_input"], "over_budget": bool(cap and r["samples"] > cap),
+                         "samples_per_s": r["samples_per_s"],
+                         "samples_per_s_band": iv(r["samples_per_s_lo"], r["samples_per_s_hi"]),
+                         "samples_per_s_input": r["samples_per_s_input"], "time_to_accuracy_s": r["time_s"],
+                         "time_to_accuracy_band": iv(r["time_s_lo"], r["time_s_hi"]), "speedup": times(r["speedup"]),
+                         "speedup_band": iv_x(r["speedup_lo"], r["speedup_hi"]), "p_fastest": pc(r["p_fastest"]),
+                         "time_training_only_s": t.get("time_s"), "speedup_training_only": times(t.get("speedup")),
+                         "speedup_training_only_band": iv_x(t.get("speedup_lo"), t.get("speedup_hi")),
+                         "gpu_hours": gh(r["gpu_hours"]), "gpu_hours_band": iv(r["gpu_hours_lo"], r["gpu_hours_hi"],
+                                                                                    lambda x: f"{x:.3g}"),
+                         "p_cheapest": pc(r["p_cheapest"])})
+    return rows
+
+
+# ---------------------------------------------------------------- words
+
+def ratio_text(p: dict, key: str, pct: bool = False) -> str:
+    """'1.31x [1.01, 1.66]' or '71.5% [54.9, 90.7]' (no interval: the value alone)."""
+    v, lo, hi = p.get(key), p.get(f"{key}_lo"), p.get(f"{key}_hi")
+    if v is None:
+        return "–"
+    f = (lambda x: f"{100 * x:.1f}") if pct else (lambda x: f"{x:.2f}")
+    unit = "%" if pct else "x"
+    return f"{f(v)}{unit}" + (f" [{f(lo)}, {f(hi)}]" if lo is not None and hi is not None else "")
+
+
+def speedup_text(p: dict) -> str:
+    """Both forms of the time-to-accuracy speed-up, labelled: the first screen's words."""
+    if p.get("speedup") is None:
+        return "time to accuracy: samples/s not measured at this k"
+    return (f"time to accuracy {ratio_text(p, 'speedup')} faster ({tta.CLOCK}; {ratio_text(p, 'speedup_train')} "
+            f"{tta.TRAIN})")
+
+
+def point_text(p: dict, source: bool = False) -> str:
+    """One k against k=1: speed-up (both forms) and statistical efficiency, with
+    intervals; source: say where samples/s comes from when it was not measured."""
+    if not p["scored"]:
+        return f"time to accuracy: {no_score_text(p)}"
+    src = p["samples_per_s_source"]
+    return (f"{speedup_text(p)}, statistical efficiency {ratio_text(p, 'statistical_efficiency', True)} "
+            f"(MLPerf's first evaluations: {ratio_text(p, 'statistical_efficiency_mlperf', True)})"
+            + (f"; samples/s {src}" if source and p.get("speedup") is not None and not src.startswith("measured")
+               else ""))
 
 
 def epochs_headline(data: ReportData) -> str:
     parts = []
-    for m in data.measured:
-        for rule in m.variants("ddp_tta"):
-            pts = [f"{r['epochs_to_target']:.2f} at {r['global_batch']}" + (" (emulated)" if r["run"] == "emulated" else "")
-                   for r in tta_rows(m) if r["lr_rule"] == rule and r["epochs_to_target"] is not None]
-            if pts:
-                parts.append(f"{m.label}, {rule} LR: epochs to target " + ", ".join(pts))
-    return "; ".join(parts) or "No scored time-to-accuracy result."
+    for m, rule in each_rule(data):
+        pts = [f"{p['epochs']:.2f} [{p['epochs_lo']:.2f}, {p['epochs_hi']:.2f}] at {p['global_batch']:,}"
+               if p["epochs_lo"] is not None else (f"{p['epochs']:.2f} at {p['global_batch']:,}" if p["scored"]
+                                                   else f"not reached at {p['global_batch']:,}")
+               for p in rule["points"] if p["global_batch"]]
+        f = rule["fit"]
+        fit = (f"; E(B) fit: E_min {f['E_min']['value'] / rule['train_images']:.2f} epochs, B_crit "
+               f"{fmt_num(f['B_crit']['value'])} samples {iv(f['B_crit']['ci_lo'], f['B_crit']['ci_hi'])}"
+               if f and rule["train_images"] else "")
+        parts.append(f"{m.label}, {rule['rule']} LR: epochs to {rule['target']:.0%} (interpolated crossings, mean "
+                     f"[95% over seeds]) " + ", ".join(pts) + fit)
+    return "; ".join(parts) or "No time-to-accuracy result."
+
+
+def headline(data: ReportData) -> str:
+    parts = []
+    for m, rec in numbers(data):
+        rule = tta.primary(rec)
+        for p in (q for q in rule["points"] if q["k"] > 1):
+            parts.append(f"{m.label} k={p['k']} ({p['run']}, {rule['rule']} LR): {point_text(p, source=True)}")
+    return "; ".join(parts) or "No time-to-accuracy result with a score at k=1 and a larger k."
+
+
+def check_text(data: ReportData) -> str:
+    """The out-of-sample check in one line per machine and rule."""
+    parts = []
+    for m, rule in each_rule(data):
+        rows = [h for h in rule["holdout"] if h.get("measured_epochs") is not None]
+        cens = [h for h in rule["holdout"] if h.get("measured_epochs") is None and h.get("censored_n")]
+        if not rows and not cens:
+            continue
+        txt = ", ".join(f"k={h['k']} from k <= {max(h['from_ks'])}: {h['predicted_epochs']:.2f} epochs predicted, "
+                        f"{h['measured_epochs']:.2f} measured ({100 * h['relative_error']:+.1f}%, "
+                        f"{'inside' if h['inside_band'] else 'OUTSIDE'} its band)" for h in rows)
+        txt += "".join(f"{', ' if txt else ''}k={h['k']}: {h['predicted_epochs']:.2f} epochs predicted, "
+                       f"{h['censored_n']} seed(s) not at the target in the budget (P = {h['p_censored_as_seen']:.2f})"
+                       for h in cens)
+        parts.append(f"{m.label}, {rule['rule']} LR, out of sample: {txt}")
+    return "; ".join(parts)
 
 
 def page(data: ReportData) -> Page:
-    tta_all = [r for m in data.measured for r in tta_rows(m)]
-    good = [r for m in data.measured for r in goodput_rows(data, m)]
     notes = missing_notes(data, "ddp_tta")
+    check = check_text(data)
     return Page("tta", CHAPTER.title, prose("tta"),
-                figures=[figure(FIGURES[0], epochs_headline(data), notes), figure(FIGURES[1], headline(data), notes)],
-                tables=[records_table("tta", "Time to accuracy per LR rule and k (MLPerf's score: the mean of the "
-                                      "seeds without the fastest and the slowest; min and max over those kept)",
-                                      tta_all, TTA_COLUMNS),
-                        records_table("goodput", "Goodput: time to accuracy = samples to target / samples/s(k) "
-                                      "+ evaluation time", good, GOODPUT_COLUMNS,
-                                      note="samples/s(k) from this machine's ddp_weak (cached) at the same k where it ran, else "
-                                           "from the scaling forecast (source 'forecast'), else 'not measured'."),
-                        jobs_table(data, "tta")])
+                figures=[figure(FIGURES[0], epochs_headline(data) + (f". {check}" if check else ""), notes),
+                         figure(FIGURES[1], headline(data), notes)], tables=tables(data))
 
 
-CHAPTER = Chapter("tta", "Time to accuracy: will k GPUs train sooner?", FIGURES, ("tta", "goodput"), page)
+def tables(data: ReportData) -> list:
+    t = records_table
+    return [
+        t("tta", "Time to accuracy per LR rule and k: samples and epochs to target from each seed's crossing "
+          "interpolated between evaluations (mean over seeds, 95% interval over independent seeded launches); "
+          "MLPerf's score of the first evaluations at or above the target beside (mean of the seeds without the "
+          "fastest and the slowest; min and max of those kept), and the clock as measured", tta_rows(data),
+          TTA_COLUMNS),
+        t("tta_seeds", "Every seed: where its accuracy curve crossed the target, interpolated and at MLPerf's first "
+          "evaluation; the resolution is the bracket's width", seed_rows(data), SEED_COLUMNS),
+        t("goodput", "Time to accuracy = samples to target x (1 / samples/s(k) + evaluation seconds per sample), "
+          "and its speed-up over k=1, in two forms: evaluation on the clock, and training only", goodput_rows(data),
+          GOODPUT_COLUMNS, note=GOODPUT_NOTE),
+        t("tta_model", "Samples to target against the global batch, E(B) = E_min (1 + B / B_crit), fitted over the "
+          "seeds (weighted for a constant coefficient of variation; 95% intervals over seeds)", model_rows(data),
+          MODEL_COLUMNS),
+        t("tta_noise", "The measured gradient noise scale B_simple beside the fitted B_crit (McCandlish et al. 2018: "
+          "the same order of magnitude expected, not forced)", noise_rows(data), NOISE_COLUMNS),
+        t("tta_holdout", "The E(B) model checked out of sample: each k predicted from the smaller k only, against "
+          "what was measured there", holdout_rows(data), HOLDOUT_COLUMNS),
+        t("tta_forecast", "Time-to-accuracy forecast: predicted samples to target at k x the per-rank batch over "
+          "samples/s(k) (measured, or the throughput forecast), with a joint band", forecast_rows(data),
+          FORECAST_COLUMNS, note=FORECAST_NOTE),
+        jobs_table(data, "tta")]
+
+
+GOODPUT_NOTE = ("samples/s(k) at time to accuracy's per-rank batch and image size: this machine's ddp_weak at k "
+                "(95% interval), else the time-to-accuracy launches themselves at a real k (over seeds), else the "
+                "throughput forecast (its band); 'not measured' when none. Speed-up intervals: Fieller over the "
+                "seeds, samples/s at its value. clock_speedup: the seeds' own clocks, where k=1 and k both ran on "
+                "real devices. Goodput efficiency = speed-up (training only) / k = hardware x statistical "
+                "efficiency.")
+FORECAST_NOTE = ("Bands by Monte Carlo: the fit's coefficients (95%, over seeds) and samples/s(k) (the throughput "
+                 "forecast's band) drawn independently; p_fastest and p_cheapest: the share of draws in which that "
+                 "k takes the least time or GPU-hours. samples_input says whether seeds ran at that batch; "
+                 "over_budget: more samples than a launch was allowed (max_epochs), so no run there would have "
+                 "been scored.")
+
+
+CHAPTER = Chapter("tta", "Time to accuracy: will k GPUs train sooner?", FIGURES, TABLES, page)
+
+
+# ---------------------------------------------------------------- the tidy table's rows
+
+TIDY = (("samples_to_target_interpolated", "samples"), ("time_to_accuracy_s", "time_s"),
+        ("time_to_accuracy_training_only_s", "time_train_s"), ("samples_per_s_for_tta", "samples_per_s"),
+        ("statistical_efficiency", "statistical_efficiency"), ("tta_speedup", "speedup"),
+        ("tta_speedup_training_only", "speedup_train"), ("goodput_efficiency", "goodput_efficiency"),
+        ("tta_clock_speedup", "clock_speedup"))
+
+
+def tidy_rows(data: ReportData) -> list[dict]:
+    """The chapter's numbers for results.csv: per machine, LR rule and k, each with its
+    interval and what it covers (dpscale.report.tidy's columns)."""
+    rows = []
+    for m, rule, p in each_point(data):
+        r = m.get("ddp_tta", rule["rule"], p["k"]) or {}
+        head = {"machine": m.label, "experiment": "ddp_tta", "variant": rule["rule"], "k": p["k"], "status": "ok",
+                "data_source": (r.get("data") or {}).get("source"), "commit": (r.get("code") or {}).get("commit")}
+        for name, key in TIDY:
+            if p.get(key) is None:
+                continue
+            lo, hi = p.get(f"{key}_lo"), p.get(f"{key}_hi")
+            covers = (p["samples_per_s_covers"] if key == "samples_per_s" else tta.SEEDS) if lo is not None else ""
+            rows.append({**head, "metric": name, "value": p[key], "ci_lo": lo, "ci_hi": hi,
+                         "n": len(p["seeds"]) if key != "samples_per_s" else None, "covers": covers})
+        if p["statistical_efficiency_mlperf"] is not None:
+            rows.append({**head, "metric": "statistical_efficiency_mlperf", "value": p["statistical_efficiency_mlperf"],
+                         "ci_lo": None, "ci_hi": None, "n": len(p["seeds"]), "covers": ""})
+    return rows + forecast_tidy(data)
+
+
+def forecast_tidy(data: ReportData) -> list[dict]:
+    """The forecast's predicted time and speed-up per k, variant '<rule> (forecast)'."""
+    rows = []
+    for m, rule in each_rule(data):
+        f = rule["forecast"]
+        for form, suffix in (("clock", ""), ("train", "_training_only")):
+            for r in (f[form]["rows"] if f else []):
+                head = {"machine": m.label, "experiment": "ddp_tta", "variant": f"{rule['rule']} (forecast)",
+                        "k": r["k"], "status": "predicted", "data_source": None, "commit": None, "n": None,
+                        "covers": f["clock"]["covers"]}
+                for name, key in ((f"predicted_time_to_accuracy{suffix}_s", "time_s"),
+                                  (f"predicted_tta_speedup{suffix}", "speedup")):
+                    if r.get(key) is not None:
+                        rows.append({**head, "metric": name, "value": r[key], "ci_lo": r[f"{key}_lo"],
+                                     "ci_hi": r[f"{key}_hi"]})
+                if not suffix:
+                    rows.append({**head, "metric": "predicted_samples_to_target", "value": r["samples"],
+                                 "ci_lo": r["samples_lo"], "ci_hi": r["samples_hi"]})
+    return rows

@@ -1,45 +1,135 @@
-"""The first screen's figure: speed-up over one device, samples/s and time to accuracy."""
+"""The first screen's figure: speed-up over one device against k, out to the throughput
+forecast's nodes. samples/s: measured (circles, 95% bars) and forecast (thin line, its
+band); time to accuracy with evaluation on the clock: measured on real devices (filled
+squares), emulated (hollow squares), both with 95% bars over seeds, and predicted (dashed,
+its band), the k that reaches the target soonest starred; training only dotted."""
 from __future__ import annotations
 
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FuncFormatter
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
 from dpscale.report.chapters.answer import speedups
+from dpscale.report.chapters.tta import numbers
 from dpscale.report.machines import ReportData
 from dpscale.report.figures import kit
 
 
+def _band_line(ax, pts: list[dict], color: str, ls: str, lw: float = 1.6, band: bool = True) -> None:
+    ks = [p["k"] for p in pts]
+    ax.plot(ks, [p["value"] for p in pts], ls=ls, color=color, lw=lw)
+    if band and all(p.get("lo") is not None and p.get("hi") is not None for p in pts):
+        ax.fill_between(ks, [p["lo"] for p in pts], [p["hi"] for p in pts], color=color, alpha=0.15, lw=0)
+
+
+def _throughput(ax, rows: list[dict], color: str, forecast: bool) -> bool:
+    meas = [r["throughput"] | {"k": r["k"]} for r in rows if (r["throughput"] or {}).get("source") == "measured"]
+    fc = [r["throughput"] | {"k": r["k"]} for r in rows if r["throughput"] and (forecast or r["k"] == 1)
+          and (r["throughput"]["source"] == "forecast" or r["k"] == 1)]
+    if forecast and len(fc) > 1:
+        _band_line(ax, fc, color, "-", lw=0.9)
+    if meas:
+        kit.errorbars(ax, [p["k"] for p in meas], [p["value"] for p in meas], [p["lo"] for p in meas],
+                      [p["hi"] for p in meas], ls="-", marker="o", ms=6, color=color, capsize=3)
+    return bool(meas) or (forecast and len(fc) > 1)
+
+
+def _tta(ax, rows: list[dict], color: str) -> bool:
+    pts = [r["point"] for r in rows if r["point"] and r["point"].get("speedup") is not None]
+    for p in pts:
+        lo, hi = p.get("speedup_lo"), p.get("speedup_hi")
+        if lo is not None and hi is not None:
+            ax.errorbar([p["k"]], [p["speedup"]], yerr=[[p["speedup"] - lo], [hi - p["speedup"]]], color=color,
+                        capsize=4, lw=1.2, zorder=4)
+        ax.plot([p["k"]], [p["speedup"]], marker="s", ms=8, color=color, mfc="white" if p["emulated"] else color,
+                mew=1.6, ls="", zorder=5)
+    pred = [{"k": r["k"], "value": r["predicted"]["speedup"], "lo": r["predicted"]["speedup_lo"],
+             "hi": r["predicted"]["speedup_hi"]} for r in rows if (r["predicted"] or {}).get("speedup") is not None]
+    train = [{"k": r["k"], "value": r["predicted_train"]["speedup"]} for r in rows
+             if (r["predicted_train"] or {}).get("speedup") is not None]
+    if len(pred) > 1:
+        _band_line(ax, pred, color, "--")
+    if len(train) > 1:
+        _band_line(ax, train, color, ":", lw=1.3, band=False)
+    for slot, r in enumerate(r for r in rows if r["point"] and not r["point"]["scored"]):
+        kit.mark_missing(ax, r["k"], f"k={r['k']}: no score", color, slot)
+    return bool(pts or pred)
+
+
+def _soonest(ax, rec: dict, color: str) -> None:
+    """A star on the predicted speed-up where the target is reached soonest."""
+    rule = rec["rules"].get(rec["primary"]) or {}
+    f = rule.get("forecast")
+    k = f["clock"]["fastest_k"] if f else None
+    row = next((r for r in f["clock"]["rows"] if r["k"] == k), None) if k else None
+    if row and row.get("speedup") is not None:
+        ax.plot([k], [row["speedup"]], marker="*", ms=17, color=color, mec="black", ls="", zorder=6)
+        ax.annotate(f"soonest: k={k}", (k, row["speedup"]), xytext=(10, -16), textcoords="offset points",
+                    fontsize=kit.MIN_FONT_PT, color=color)
+
+
+def _frame(ax, ks: list[int], per_node: int | None) -> None:
+    """log2 axes, ticks at powers of two, the node boundary dotted."""
+    top = max(ks)
+    ticks = [k for k in (2 ** i for i in range(12)) if k <= top]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _p: f"{x:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(1 / 1.3, top * 1.3)
+    ax.set_yscale("log", base=2)
+    lo, hi = ax.get_ylim()
+    ax.set_yticks([2.0 ** i for i in range(-6, 12) if lo <= 2.0 ** i <= hi])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _p: f"{y:g}x"))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylabel("speed-up over k=1")
+    if per_node and top > per_node:
+        ax.axvline(per_node * 1.41, color="gray", ls=":", lw=1)
+        ax.set_xlabel(f"k (devices: 1..{per_node} in one node, then nodes of {per_node})")
+    else:
+        ax.set_xlabel("k (devices)")
+
+
+def _entries(data: ReportData, used, with_tta: bool) -> list[tuple]:
+    grey = "#555"
+    out = kit.machine_entries(data, used) + [
+        (Line2D([], [], color=grey, marker="o"), "samples/s, measured (95% interval)"),
+        ((Line2D([], [], color=grey, lw=0.9), Patch(color=grey, alpha=0.15)), "samples/s, forecast (its band)")]
+    if with_tta:
+        out += [(Line2D([], [], color=grey, marker="s", ls=""), "time to accuracy (evaluation on the clock), "
+                 "k real: samples to target measured (95% over seeds)"),
+                (Line2D([], [], color=grey, marker="s", mfc="white", ls=""), "the same, k emulated (DDP's "
+                 "semantics on fewer devices)"),
+                ((Line2D([], [], color=grey, ls="--"), Patch(color=grey, alpha=0.15)),
+                 "the same, predicted: E(B) fit / samples/s (joint band)"),
+                (Line2D([], [], color=grey, ls=":"), "the same, training only (predicted)"),
+                (Line2D([], [], color=grey, marker="*", ms=12, mec="black", ls=""), "reaches the target soonest")]
+    return out + [(Line2D([], [], color="gray", lw=4, alpha=0.25), "ideal: k")]
+
+
 def answer(data: ReportData):
-    fig, axes = kit.new(height=4.4)
+    fig, axes = kit.new(height=5.6)
     ax, used, ks = axes[0, 0], [], set()
+    recs = {id(m): r for m, r in numbers(data)}
     for m in data.machines:
-        rows = speedups(data, m)
-        color = kit.color_of(data, m)
-        thr = [r for r in rows if r["throughput"] is not None]
-        tta = [r for r in rows if r["tta"] is not None]
-        if thr:
-            ax.plot([r["k"] for r in thr], [r["throughput"] for r in thr], ls="-", marker="o", color=color)
-        for r in tta:
-            ax.plot([r["k"]], [r["tta"]], marker="s", ms=7, color=color, mfc="white" if r["emulated"] else color)
-        if tta:
-            ax.plot([r["k"] for r in tta], [r["tta"] for r in tta], ls="--", color=color)
-        if thr or tta:
+        rows, color = speedups(data, m), kit.color_of(data, m)
+        rec = recs.get(id(m))
+        drew = _throughput(ax, rows, color, forecast=rec is not None)
+        if rec is not None and _tta(ax, rows, color):
+            _soonest(ax, rec, color)
+            drew = True
+        if drew:
             used.append(m)
-            ks |= {r["k"] for r in thr + tta}
+            ks |= {r["k"] for r in rows if r["throughput"] or r["point"] or r["predicted"]}
     if not used:
         kit.empty(ax, "No scaling result yet.")
         return fig
     k_all = sorted(ks | {1})
     ax.plot(k_all, k_all, color="gray", lw=4, alpha=0.25)
-    kit.k_axis(ax, k_all)
-    ax.set_yscale("log", base=2)
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _p: f"{y:g}x"))
-    ax.set_ylabel("speed-up over k=1")
-    ax.set_xlabel("k (devices; hollow: emulated)")
-    entries = kit.machine_entries(data, used) + [
-        (Line2D([], [], color="#555", marker="o"), "samples/s (weak scaling)"),
-        (Line2D([], [], color="#555", ls="--", marker="s"), "time to accuracy (book's LR rule)"),
-        (Line2D([], [], color="#555", ls="--", marker="s", mfc="white"), "time to accuracy, k emulated"),
-        (Line2D([], [], color="gray", lw=4, alpha=0.25), "ideal: k")]
-    kit.legend(fig, entries, ncol=2)
+    from dpscale.report import forecast as fcr
+    per_node = (fcr.compute(data)[0]["config"] if fcr.compute(data) else {}).get("gpus_per_node")
+    _frame(ax, k_all, per_node)
+    kit.legend(fig, _entries(data, used, bool(recs)), ncol=2)
     return fig

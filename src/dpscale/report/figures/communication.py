@@ -99,11 +99,9 @@ def allreduce(data: ReportData):
     axt.set_ylabel("time per all-reduce, us (log)")
     axt.set_title("time against payload")
     entries = kit.machine_entries(data, [m for m in data.machines if m.variants("allreduce")])
-    entries += [(Line2D([], [], color="#555", ls="-"), "NCCL default"), (Line2D([], [], color="#555", ls="--"),
-                "NCCL_SHM_USE_CUDA_MEMCPY=1")]
-    entries += [(Line2D([], [], color="#555", ls="none", marker=kit.K_MARKER.get(k, "v")), f"k={k}")
-                for k in sorted({k for _v, k in used})]
-    entries += [(Line2D([], [], color="#b71c1c", ls="none", marker="X"), "a wrong sum at this size")]
+    entries += kit.style_entries([("-", "NCCL default"), ("--", "NCCL_SHM_USE_CUDA_MEMCPY=1")])
+    entries += kit.marker_entries([(kit.K_MARKER.get(k, "v"), f"k={k}") for k in sorted({k for _v, k in used})])
+    entries += kit.marker_entries([("X", "a wrong sum at this size")], color="#b71c1c")
     kit.legend(fig, entries, ncol=3)
     return fig
 

@@ -32,9 +32,9 @@ def ddp_vs_jax(data: ReportData):
     ae.set_ylim(0, 115)
     ae.set_title("efficiency: the comparison that holds")
     entries = kit.machine_entries(data, [m for m in data.machines if m.variants("ddp_weak") or m.variants("jax_weak")])
-    entries += [(Line2D([], [], color="#555", ls="-"), "PyTorch DDP, one process per device"),
-                (Line2D([], [], color="#555", ls="--"), "JAX jit + NamedSharding, one process")]
-    entries += [(Line2D([], [], color="#555", ls="none", marker=kit.style_of(v)[1]), v) for v in dict.fromkeys(drawn)]
+    entries += kit.style_entries([("-", "PyTorch DDP, one process per device"),
+                                  ("--", "JAX jit + NamedSharding, one process")])
+    entries += kit.marker_entries([(kit.style_of(v)[1], v) for v in dict.fromkeys(drawn)])
     kit.legend(fig, entries, ncol=3)
     return fig
 

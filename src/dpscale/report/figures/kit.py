@@ -97,6 +97,29 @@ def variant_entries(variants, texts: dict[str, str]) -> list[tuple]:
             for v in variants]
 
 
+def style_entries(styles: list[tuple[str, str]], **kw) -> list[tuple]:
+    """Legend entries of line styles in grey: [(ls, label)], e.g. one framework or variant each."""
+    return [(Line2D([], [], color="#555", ls=ls, **kw), text) for ls, text in styles]
+
+
+def marker_entries(markers: list[tuple[str, str]], color: str = "#555") -> list[tuple]:
+    """Legend entries of markers alone: [(marker, label)], e.g. one k or one variant each."""
+    return [(Line2D([], [], color=color, ls="none", marker=mk), text) for mk, text in markers]
+
+
+def k_panel(ax, used: list, ks, ylabel: str, title: str, empty_text: str) -> list:
+    """Finish a panel drawn against k on a log axis: its frame, or the empty text when
+    nothing was drawn. Returns `used` (the machines drawn)."""
+    if not used:
+        empty(ax, empty_text)
+        return used
+    k_axis(ax, ks)
+    log_y(ax, ylabel)
+    ax.set_xlabel("k")
+    ax.set_title(title, loc="left")
+    return used
+
+
 def empty(ax, text: str) -> None:
     ax.set_axis_off()
     ax.text(0.5, 0.5, wrap(text, 60), ha="center", va="center", fontsize=11, color="#666666",

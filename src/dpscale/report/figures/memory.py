@@ -24,14 +24,8 @@ def _state_panel(ax, data: ReportData) -> list:
         if by["DDP"]:
             ks, ddp = [r["k"] for r in by["FSDP"]], by["DDP"][0]["state_MiB_per_rank"]
             ax.plot(ks, [ddp / k for k in ks], color="gray", lw=4, alpha=0.25)
-    if not used:
-        kit.empty(ax, "No FSDP result.")
-        return used
-    kit.k_axis(ax, [r["k"] for m in used for r in fsdp_rows(m)])
-    kit.log_y(ax, "training state per rank, MiB (log)")
-    ax.set_xlabel("k")
-    ax.set_title("FSDP against DDP", loc="left")
-    return used
+    return kit.k_panel(ax, used, [r["k"] for m in used for r in fsdp_rows(m)], "training state per rank, MiB (log)",
+                       "FSDP against DDP", "No FSDP result.")
 
 
 def _zero_panel(ax, data: ReportData) -> None:

@@ -1,0 +1,207 @@
+"""The closing summary: the answer in plain text, the last lines a run prints.
+
+    text(data, html_path)    per machine and k: the speed-up in samples/s and in time to
+                             accuracy (both forms) with intervals, statistical efficiency,
+                             the forecast's knee and the predicted soonest and cheapest k;
+                             what failed in this run, with its log; the report's path
+    write(path, text)        results/report/summary.txt, atomically (the report rule's output)
+    closing(...)             what the Snakefile's onsuccess / onerror print last: the
+                             summary when the report is as new as every result, else
+                             the failures and where the (older) report is; after a
+                             Snakemake error, the failed jobs and the tail of their logs
+    announce(text)           print it when the process exits: after Snakemake's own
+                             closing lines (its log's path, the run time)
+
+The numbers are the answer chapter's (dpscale.report.chapters.answer), from the same
+records. Parse-time light: the report's modules are imported inside text() only.
+"""
+from __future__ import annotations
+
+import atexit
+import re
+import sys
+from pathlib import Path
+
+from dpscale.results import job_label, write_atomic
+
+RULE = "=" * 100
+HEAD = "dpscale: will k GPUs reach the target accuracy sooner?"
+
+
+def _x(d: dict | None, key: str = "value") -> str:
+    if not d or d.get(key) is None:
+        return "–"
+    lo, hi = d.get("lo"), d.get("hi")
+    return f"{d[key]:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else "")
+
+
+def _ratio(p: dict | None, key: str, pct: bool = False) -> str:
+    if not p or p.get(key) is None:
+        return "–"
+    f = (lambda v: f"{100 * v:.1f}") if pct else (lambda v: f"{v:.2f}")
+    lo, hi = p.get(f"{key}_lo"), p.get(f"{key}_hi")
+    return f(p[key]) + ("%" if pct else "x") + (f" [{f(lo)}, {f(hi)}]" if lo is not None and hi is not None else "")
+
+
+COLUMNS = (f"  {'k':>4}  {'samples/s':<30} {'time to accuracy (eval. on clock)':<34} {'training only':<20} "
+           f"{'statistical efficiency':<24} run")
+
+
+def k_line(r: dict) -> str:
+    """One k: samples/s speed-up (its source), time to accuracy (both forms), statistical efficiency."""
+    t, p = r["throughput"], r["point"]
+    thr = f"{_x(t)} {'forecast' if (t or {}).get('source') == 'forecast' else ''}".strip()
+    if p and not p["scored"]:
+        from dpscale.report.chapters.tta import no_score_text
+        return f"  {r['k']:>4}  {thr:<30} {no_score_text(p):<80} {p['run']}"
+    return (f"  {r['k']:>4}  {thr:<30} {_ratio(p, 'speedup'):<34} {_ratio(p, 'speedup_train'):<20} "
+            f"{_ratio(p, 'statistical_efficiency', True):<24} {(p or {}).get('run', '')}")
+
+
+def predicted_lines(data, m) -> list[str]:
+    """The time-to-accuracy forecast's answer: soonest k, fewest GPU-hours, 4 nodes of 8."""
+    from dpscale.report import tta
+    from dpscale.report.chapters.tta import of
+    rec = of(data, m)
+    rule = tta.primary(rec) if rec else None
+    f = (rule or {}).get("forecast")
+    if not f or f["clock"]["fastest_k"] is None:
+        return []
+    c = f["clock"]
+    fast, cheap = (tta.forecast_row(rule, c[key]) for key in ("fastest_k", "cheapest_k"))
+    at = {r["k"]: r for r in c["rows"] if r["speedup"] is not None}
+    far = at.get(32) or at[max(at)]
+    nodes = (rule["rates"].get(far["k"]) or {}).get("nodes", 1)
+    return [f"  predicted ({rule['rule']} LR, E(B) fit / samples/s, evaluation on the clock; batches above "
+            f"{max(rule['measured_batches'], default=0):,} extrapolated):",
+            f"    soonest to {rule['target']:.0%}: k={fast['k']}, {fast['time_s']:.1f} s [{fast['time_s_lo']:.1f}, "
+            f"{fast['time_s_hi']:.1f}], {_ratio(fast, 'speedup')} (soonest in {fast['p_fastest']:.0%} of draws); "
+            f"fewest GPU-hours: k={cheap['k']} ({cheap['gpu_hours']:.2g} GPU-h); k={far['k']}"
+            + (f" ({nodes} nodes of {far['k'] // nodes})" if nodes > 1 else "") + f": {_ratio(far, 'speedup')}"]
+
+
+def machine_lines(data, m) -> list[str]:
+    """A machine's block: its k's against k=1, the forecast's knee, the predicted answer."""
+    from dpscale.report import forecast as fcr
+    from dpscale.report.chapters import answer
+    rows = [r for r in answer.speedups(data, m) if r["k"] > 1 and (r["point"] or (r["throughput"] or {})
+                                                                     .get("source") == "measured")]
+    f = next((f for f in fcr.compute(data) if f["machine"] == m.name), None)
+    v = answer.weak_variant(m)
+    s = next((s for s in (f or {}).get("series", []) if s["family"] == "torch" and s["variant"] == v),
+             fcr.primary(f) if f else None)
+    pred = predicted_lines(data, m)
+    if not rows and not pred:
+        return []
+    sources = ", ".join(m.data_sources()) or "–"
+    out = [f"{'the book' if m.kind == 'book' else m.label}: {m.hardware}, {m.scale} scale, data {sources}"]
+    out += [COLUMNS] + [k_line(r) for r in rows] if rows else []
+    if s:
+        out.append(f"  forecast knee (efficiency < {100 * s['knee_threshold']:.0f}%, {s['series']}): weak "
+                   f"{fcr.knee_text(s, 'weak')}, strong {fcr.knee_text(s, 'strong')}")
+    return out + pred
+
+
+def failed_lines(m) -> list[str]:
+    """This run's measurements that left no number, each with its reason and log."""
+    bad = [r for (_e, _v, _k), r in sorted(m.results.items()) if r.get("status") in ("failed", "hung")]
+    if not bad:
+        return []
+    rows = [f"  {job_label(r['experiment'], r['variant'], r['k'])} {r['status']}: {r.get('reason')}"
+            + (f" (log {r['log']})" if r.get("log") else "") for r in bad]
+    return [f"{len(rows)} measurement(s) failed or hung; a plain rerun retries the failed ones (a hung one is a "
+            "result: --forcerun its rule to try again):"] + rows
+
+
+def text(data, html_path) -> str:
+    """The closing summary of a built report (dpscale.report.build writes it)."""
+    out = ["", RULE, HEAD, "(speed-up over k=1 [95% interval]; samples/s forecast: its band; time to accuracy = "
+           "samples to target x (1 / samples/s + evaluation per sample), and training only; chapter 'Will k GPUs "
+           "train sooner?')", ""]
+    for m in data.machines:
+        block = machine_lines(data, m) or ([f"{m.label}: {m.hardware}, {m.scale} scale: no speed-up yet (needs k=1 "
+                                            "and a larger k)"] if m is data.current else [])
+        out += block + ([""] if block else [])
+    cur = data.current
+    out += (failed_lines(cur) or [f"{cur.label}: every planned measurement left a number or was skipped"]) if cur \
+        else []
+    out += ["", f"report: {Path(html_path).resolve()}"]
+    return "\n".join(out) + "\n"
+
+
+def write(path, summary: str) -> None:
+    write_atomic(path, summary)
+
+
+# ---------------------------------------------------------------- the end of a Snakemake run
+
+def _newest(paths) -> float:
+    return max((Path(p).stat().st_mtime for p in paths if Path(p).exists()), default=0.0)
+
+
+def _logs(snakemake_log) -> list[str]:
+    """Snakemake's log file(s): onerror's `log` is one path or (Snakemake 9) a list."""
+    if not snakemake_log:
+        return []
+    return [str(x) for x in snakemake_log] if isinstance(snakemake_log, (list, tuple)) else [str(snakemake_log)]
+
+
+def failed_jobs(snakemake_log) -> list[tuple[str, list[str]]]:
+    """(rule, its log files) of every job Snakemake reported as failed in its log."""
+    lines = []
+    for path in _logs(snakemake_log):
+        try:
+            lines += Path(path).read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+    out = []
+    for i, line in enumerate(lines):
+        m = re.match(r"\s*Error in rule (\S+?):", line)
+        if m:
+            logs = next((re.sub(r"\s*\(check log.*$", "", x.split("log:", 1)[1]).split(", ")
+                         for x in lines[i + 1:i + 12] if x.strip().startswith("log:")), [])
+            out.append((m.group(1), [x.strip() for x in logs if x.strip()]))
+    return out
+
+
+def tail(path, n: int = 6) -> list[str]:
+    try:
+        return Path(path).read_text(errors="replace").splitlines()[-n:]
+    except OSError:
+        return ["(no log file)"]
+
+
+def error_lines(snakemake_log) -> list[str]:
+    """After a Snakemake error: each failed job's rule, log and the log's last lines."""
+    jobs = failed_jobs(snakemake_log)
+    logs = ", ".join(_logs(snakemake_log))
+    out = [f"Snakemake stopped: {len(jobs)} job(s) failed" + (f" (its log: {logs})" if logs else "")]
+    for rule, logs in jobs:
+        out.append(f"  rule {rule}: log {', '.join(logs) or 'none declared'}")
+        out += [f"    | {x}" for path in logs for x in tail(path)]
+    return out
+
+
+def closing(targets, summary_path, html_path, snakemake_log=None, failed: bool = False) -> str:
+    """What a run prints last. The summary when it is as new as every planned result
+    (the report rule wrote it from them); else the measurements that failed and where
+    the report is, said to be older. After a Snakemake error, the failed jobs first."""
+    from dpscale.results import failure_summary
+    out = error_lines(snakemake_log) if failed else []
+    summary, html = Path(summary_path), Path(html_path)
+    if summary.exists() and summary.stat().st_mtime >= _newest(targets):
+        return "\n".join(out + [summary.read_text().rstrip("\n")])
+    out += [x for x in [failure_summary(targets)] if x]
+    if html.exists():
+        out.append(f"report (older than this run's results, not rebuilt): {html.resolve()}")
+    else:
+        out.append("no report built yet: snakemake --cores 1 report")
+    return "\n".join(out)
+
+
+def announce(message: str, stream=None) -> None:
+    """Print `message` when the process exits: Snakemake's onsuccess and onerror run
+    before it logs its own last lines, and the answer should come after them."""
+    def say():
+        print(message, file=stream or sys.stderr, flush=True)
+    atexit.register(say)

@@ -1,0 +1,435 @@
+"""Time to accuracy, the numbers: per machine and LR rule, every seed's crossing of the
+target, each point's samples to target with its interval, statistical efficiency,
+samples/s at time to accuracy's protocol, time to accuracy and its speed-up over k=1
+with 95% intervals over the seeds, the E(B) model, its out-of-sample check, the noise
+scale beside B_crit, and the time-to-accuracy forecast to the throughput forecast's
+nodes. dpscale.analysis.stateff does the statistics; here results become its inputs.
+
+The chapters (chapters.tta, chapters.answer), the tidy table, the closing summary and
+`dpscale forecast` (report.forecast.tta_text) read the same records: of_machine(m, fc),
+fc being the machine's throughput forecast (report.forecast.of_machine) or None.
+
+One definition of time to accuracy, two forms, everywhere:
+    time to accuracy(k) = samples to target(k) x (1 / samples/s(k) + e)
+with e the evaluation seconds per training sample (the clock never stops; evaluations
+come every fixed number of samples), "evaluation on the clock" (MLPerf's clock), and
+e = 0, "training only". samples to target is the seeds' mean of each seed's crossing
+interpolated between the evaluations that bracket it (stateff.crossing; MLPerf's score
+of the first evaluation at or above the target beside it). The speed-up is time at
+k=1 over time at k, its interval Fieller's over the seeds (stateff.ratio_over_seeds on
+per-seed times), samples/s taken at its value (its own interval is shown beside).
+"""
+from __future__ import annotations
+
+import math
+
+from dpscale import registry
+from dpscale.analysis import stateff, stats
+
+CLOCK = "evaluation on the clock"
+TRAIN = "training only"
+SEEDS = stateff.SEEDS
+THROUGHPUT_VARIANTS = ("cached", "seed")   # the book's fp32 loop: device-resident data first
+
+
+def _m(r: dict | None) -> dict:
+    return (r or {}).get("metrics") or {}
+
+
+def ok(r: dict | None) -> bool:
+    return bool(r) and r.get("status") == "ok"
+
+
+def run_kind(r: dict) -> str:
+    return "emulated" if _m(r).get("emulated") else "real DDP"
+
+
+def rule_series(m, rule: str) -> dict[int, tuple[dict, str]]:
+    """{k: (result, how it ran)} of one LR rule; below the rule's min_k its k's are
+    another rule's (linear at k=1 is the book's rule, run once: dpscale.registry)."""
+    exp = registry.get("ddp_tta")
+    v = exp.variant(rule) if rule in exp.variant_names() else None
+    out = {k: (r, run_kind(r)) for k, r in m.series("ddp_tta", rule).items()}
+    if v is not None and v.same_below:
+        for k, r in m.series("ddp_tta", v.same_below).items():
+            if k < v.min_k and k not in out:
+                out[k] = (r, f"{run_kind(r)}: the {v.same_below} rule's run")   # the same rule at this k
+    return out
+
+
+# ---------------------------------------------------------------- one point (rule, k)
+
+def train_images(metrics: dict) -> int | None:
+    """Images an epoch: recorded, else read off the curve (samples / epochs)."""
+    if metrics.get("train_images"):
+        return int(metrics["train_images"])
+    for run in metrics.get("runs") or []:
+        p = next((p for p in run.get("curve") or [] if p.get("epochs")), None)
+        if p:
+            return round(p["samples"] / p["epochs"])
+    return None
+
+
+def estimate(values: list) -> dict:
+    """A point's samples to target over its seeds (None: did not reach the target), as
+    ratio_over_seeds counts them: every seed reached it, the mean with Student's t
+    interval; one did not, MLPerf's trimmed mean with Yuen's interval (n >= 5; fewer
+    seeds, the trimmed mean alone); two or more, no value (MLPerf gives no score)."""
+    got = [float(v) for v in values if v is not None and math.isfinite(v)]
+    cens = len(values) - len(got)
+    out = {"value": None, "lo": None, "hi": None, "n": len(values), "censored": cens, "covers": SEEDS, "how": ""}
+    if cens == 0 and got:
+        iv = stats.interval(got)
+        out.update(value=iv["mean"], lo=iv["ci_lo"], hi=iv["ci_hi"], how="mean over seeds, Student's t")
+    elif cens == 1:
+        t = stateff.trimmed(values)
+        if t is None:
+            return {**out, "value": stateff.olympic(values), "how": "trimmed mean (MLPerf's), too few seeds for "
+                                                                   "an interval"}
+        from scipy import stats as sps
+        half = float(sps.t.ppf(0.5 + stats.LEVEL / 2, t["h"] - 1)) * math.sqrt(t["var"])
+        out.update(value=t["value"], lo=t["value"] - half, hi=t["value"] + half,
+                   how="trimmed mean (MLPerf's: one seed did not converge), Yuen's interval")
+    return out
+
+
+def point(k: int, r: dict, run: str) -> dict:
+    """One (rule, k): its seeds' crossings, samples to target (interpolated) with its
+    interval, MLPerf's score of the first evaluations beside, the clock as measured."""
+    g = _m(r)
+    n_img, target = train_images(g), g.get("target_accuracy")
+    seeds = stateff.seed_rows(g.get("runs") or [], target, n_img, eval_correction=True) if target else []
+    est = estimate([s["samples"] for s in seeds])
+    ep = (lambda x: x / n_img if x is not None and n_img else None)
+    return {"k": k, "run": run, "emulated": bool(g.get("emulated")), "global_batch": g.get("global_batch"),
+            "per_rank_batch": g.get("per_rank_batch"), "image_size": (r.get("data") or {}).get("image_size")
+            or g.get("image_size"), "train_images": n_img, "target": target, "max_epochs": g.get("max_epochs"),
+            "eval_every_samples": g.get("eval_every_samples"), "seeds": seeds, "samples": est["value"],
+            "samples_lo": est["lo"], "samples_hi": est["hi"], "samples_how": est["how"], "epochs": ep(est["value"]),
+            "epochs_lo": ep(est["lo"]), "epochs_hi": ep(est["hi"]), "scored": est["value"] is not None,
+            "mlperf_samples": g.get("samples_to_target"), "mlperf_epochs": g.get("epochs_to_target"),
+            "mlperf_epochs_min": g.get("epochs_to_target_min"), "mlperf_epochs_max": g.get("epochs_to_target_max"),
+            "clock_s": g.get("seconds_to_target"), "clock_s_min": g.get("seconds_to_target_min"),
+            "clock_s_max": g.get("seconds_to_target_max"), "eval_s_mean": g.get("eval_s_mean"),
+            "not_converged": list(g.get("not_converged_seeds") or []),
+            "not_launched": list(g.get("not_launched_seeds") or []), "no_result_reason": g.get("no_result_reason"),
+            "seed_list": list(g.get("seeds") or []), "runs": g.get("runs") or [], "noise": noise_of(g)}
+
+
+def noise_of(g: dict) -> dict | None:
+    """The gradient noise scale the worker recorded at this k: `noise_scale` in the
+    metrics (a stateff.b_simple_window record: b_simple, ci_lo, ci_hi, mean_trace,
+    mean_g2, cov, df, steps, covers), else the first seed's `noise_scale` in its run
+    record; None when neither is there (results before the probe: not measured)."""
+    got = g.get("noise_scale")
+    if isinstance(got, dict) and got.get("b_simple") is not None:
+        return {**got, "source": "the point's noise_scale"}
+    for run in g.get("runs") or []:
+        w = run.get("noise_scale")
+        if isinstance(w, dict) and w.get("b_simple") is not None:
+            return {**w, "source": f"seed {run.get('seed')}'s window"}
+    return None
+
+
+def eval_per_sample(points: list[dict]) -> float:
+    """Evaluation seconds per training sample, pooled over every launch of the rule:
+    one t10k pass on one device every fixed number of samples, whatever k is."""
+    ev = sum(run.get("eval_s") or 0.0 for p in points for run in p["runs"])
+    n = sum(run.get("samples_trained") or (run.get("curve") or [{}])[-1].get("samples", 0)
+            for p in points for run in p["runs"])
+    return ev / n if n else 0.0
+
+
+# ---------------------------------------------------------------- samples/s at time to accuracy's protocol
+
+def same_protocol(p: dict, per_rank_batch, image_size) -> bool:
+    """Whether a throughput number was taken at time to accuracy's per-rank batch and
+    image size (either unrecorded: taken as the same)."""
+    return all(a is None or b is None or int(a) == int(b)
+               for a, b in ((p["per_rank_batch"], per_rank_batch), (p["image_size"], image_size)))
+
+
+def measured_rate(m, p: dict, k: int) -> dict | None:
+    """samples/s of this machine's weak scaling at k (the book's loop: cached, else seed),
+    the mean over launches (or timed epochs) with its 95% interval."""
+    from dpscale.report.numbers import point as tpoint, spread
+    for v in THROUGHPUT_VARIANTS:
+        r = m.get("ddp_weak", v, k)
+        if ok(r) and same_protocol(p, _m(r).get("per_rank_batch"), (r.get("data") or {}).get("image_size")):
+            value, lo, hi = tpoint(r)
+            return {"value": value, "lo": lo, "hi": hi, "level": stats.LEVEL, "source": f"measured (ddp_weak {v})",
+                    "covers": (spread(r) or {}).get("covers", "")}
+    return None
+
+
+def own_rate(p: dict) -> dict | None:
+    """samples/s of the time-to-accuracy launches themselves, at a real k: each seed's
+    samples trained over its clock less its evaluations (start-up included), the mean
+    over seeds with its interval."""
+    if p["emulated"]:
+        return None
+    rates = []
+    for run in p["runs"]:
+        end = (run.get("curve") or [{}])[-1]
+        train_s = (end.get("seconds") or 0.0) - (run.get("eval_s") or 0.0)
+        n = run.get("samples_trained") or end.get("samples")
+        if n and train_s > 0:
+            rates.append(n / train_s)
+    if not rates:
+        return None
+    iv = stats.interval(rates)
+    return {"value": iv["mean"], "lo": iv["ci_lo"], "hi": iv["ci_hi"], "level": stats.LEVEL,
+            "source": "measured (the time-to-accuracy launches)", "covers": SEEDS}
+
+
+def forecast_series(m, fc: dict | None, p: dict) -> dict | None:
+    """The throughput forecast's DDP series at time to accuracy's protocol (cached, else
+    seed), or None."""
+    by = {s["variant"]: s for s in (fc or {}).get("series", []) if s["family"] == "torch"}
+    for v in THROUGHPUT_VARIANTS:
+        s, r1 = by.get(v), m.get("ddp_weak", v, 1)
+        if s and same_protocol(p, s.get("per_rank_batch"), (r1 or {}).get("data", {}).get("image_size")):
+            return s
+    return None
+
+
+def forecast_rate(s: dict | None, level: float, k: int) -> dict | None:
+    """samples/s(k) = k x per-rank batch / the forecast's weak step, with its band."""
+    row = next((r for r in (s or {}).get("rows", []) if r["k"] == k), None)
+    if not row or not row.get("weak_step_ms"):
+        return None
+    b = k * s["per_rank_batch"] * 1e3
+    lo, hi = row.get("weak_step_ms_hi"), row.get("weak_step_ms_lo")
+    return {"value": b / row["weak_step_ms"], "lo": b / lo if lo else None, "hi": b / hi if hi else None,
+            "level": level, "source": "forecast" + (f", {row['nodes']} nodes" if row.get("nodes", 1) > 1 else ""),
+            "covers": f"the throughput forecast's band ({level:.0%}: where a measurement should fall)",
+            "nodes": row.get("nodes", 1)}
+
+
+def rates(m, fc: dict | None, points: list[dict], ks) -> dict[int, dict]:
+    """samples/s(k) for every k wanted: measured by the weak-scaling runs, else by the
+    time-to-accuracy launches at a real k, else the throughput forecast; a k with none
+    is left out (not measured)."""
+    ref = points[0]
+    s = forecast_series(m, fc, ref)
+    level = ((fc or {}).get("config") or {}).get("band_level", 0.9)
+    by_k = {p["k"]: p for p in points}
+    out = {}
+    for k in sorted(set(ks)):
+        got = measured_rate(m, ref, k) or (own_rate(by_k[k]) if k in by_k else None) or forecast_rate(s, level, k)
+        if got and got["value"]:
+            out[k] = got
+    return out
+
+
+# ---------------------------------------------------------------- time to accuracy at each point
+
+def _ratio(base: list, other: list) -> dict:
+    """stateff.ratio_over_seeds's value and interval, flat. Where it has no estimate but
+    both sides have MLPerf's score (one seed short of the target and fewer than 5
+    seeds: no trimmed-mean interval), the ratio of those scores, without an interval."""
+    r = stateff.ratio_over_seeds(base, other)
+    if r["value"] is None and r["mlperf_value"] is not None:
+        return {"value": r["mlperf_value"], "lo": None, "hi": None,
+                "method": "ratio of the MLPerf scores of the interpolated crossings, no interval: " + r["method"]}
+    return {"value": r["value"], "lo": r["ci_lo"], "hi": r["ci_hi"], "method": r["method"]}
+
+
+def _per_seed(p: dict, key: str = "samples") -> list:
+    return [s[key] if s["converged"] else None for s in p["seeds"]]
+
+
+def _times(p: dict, per_sample: float) -> list:
+    """Each seed's time to accuracy: samples to target x seconds per sample."""
+    return [None if v is None else v * per_sample for v in _per_seed(p)]
+
+
+ONE = {"value": 1.0, "lo": None, "hi": None, "method": "the baseline itself"}
+NONE = {"value": None, "lo": None, "hi": None, "method": ""}
+
+
+def timing(p: dict, base: dict | None, e: float, rate: dict | None, rate1: dict | None) -> dict:
+    """A point's samples/s, time to accuracy (both forms) with intervals, and against
+    k=1: statistical efficiency (interpolated; MLPerf's ratio of first-evaluation scores
+    beside), speed-up (both forms), hardware and goodput efficiency, and, where both
+    ends ran on real devices, the speed-up of the seeds' own clocks."""
+    out = {"samples_per_s": None, "samples_per_s_lo": None, "samples_per_s_hi": None, "samples_per_s_level": None,
+           "samples_per_s_source": "not measured", "samples_per_s_covers": "", "eval_s_per_sample": e}
+    for key in ("time_s", "time_train_s"):
+        out.update({key: None, f"{key}_lo": None, f"{key}_hi": None})
+    if rate:
+        out.update(samples_per_s=rate["value"], samples_per_s_lo=rate["lo"], samples_per_s_hi=rate["hi"],
+                   samples_per_s_level=rate["level"], samples_per_s_source=rate["source"],
+                   samples_per_s_covers=rate.get("covers", ""))
+        for key, c in (("time_s", 1 / rate["value"] + e), ("time_train_s", 1 / rate["value"])):
+            out.update({key: _mul(p["samples"], c), f"{key}_lo": _mul(p["samples_lo"], c),
+                        f"{key}_hi": _mul(p["samples_hi"], c)})
+    ratios = _against_base(p, base, e, rate, rate1)
+    for name, r in ratios.items():
+        out.update({name: r["value"], f"{name}_lo": r["lo"], f"{name}_hi": r["hi"], f"{name}_method": r["method"]})
+    mb, mk = (base or {}).get("mlperf_samples"), p["mlperf_samples"]   # MLPerf's scores (first evaluations)
+    out["statistical_efficiency_mlperf"] = mb / mk if mb and mk else None
+    sp = ratios["speedup_train"]
+    k = p["k"]
+    out.update(goodput_efficiency=_mul(sp["value"], 1 / k), goodput_efficiency_lo=_mul(sp["lo"], 1 / k),
+               goodput_efficiency_hi=_mul(sp["hi"], 1 / k),
+               hardware_efficiency=rate["value"] / (k * rate1["value"]) if rate and rate1 else None)
+    return out
+
+
+def _mul(x, c):
+    return None if x is None or c is None else x * c
+
+
+def _against_base(p: dict, base: dict | None, e: float, rate: dict | None, rate1: dict | None) -> dict:
+    names = ("statistical_efficiency", "speedup", "speedup_train", "clock_speedup")
+    if base is None or not base["seeds"] or not p["seeds"]:
+        return {n: NONE for n in names}
+    if p["k"] == 1:
+        return {n: ONE if n != "clock_speedup" else NONE for n in names}
+    out = {"statistical_efficiency": _ratio(_per_seed(base), _per_seed(p)), "speedup": NONE, "speedup_train": NONE,
+           "clock_speedup": NONE}
+    if rate and rate1:
+        out["speedup"] = _ratio(_times(base, 1 / rate1["value"] + e), _times(p, 1 / rate["value"] + e))
+        out["speedup_train"] = _ratio(_times(base, 1 / rate1["value"]), _times(p, 1 / rate["value"]))
+    if not p["emulated"] and not base["emulated"]:
+        out["clock_speedup"] = _ratio(_per_seed(base, "seconds"), _per_seed(p, "seconds"))
+    return out
+
+
+# ---------------------------------------------------------------- the E(B) model, checked, and the forecast
+
+def batch_points(points: list[dict]) -> dict:
+    """{global batch: per-seed samples to target (None: not reached)} of every point."""
+    return {p["global_batch"]: _per_seed(p) for p in points if p["global_batch"] and p["seeds"]}
+
+
+def fit(points: list[dict]) -> tuple[dict | None, str]:
+    """stateff.fit_batch_model over the scored points (at most one seed short of the
+    target, as MLPerf scores them), or None and why not."""
+    scored = [p for p in points if p["scored"] and p["global_batch"]]
+    sources = {p["global_batch"]: "emulated" if p["emulated"] else "measured" for p in scored}
+    try:
+        return stateff.fit_batch_model(batch_points(scored), sources=sources), ""
+    except ValueError as e:
+        return None, str(e).removeprefix("fit_batch_model: ")
+
+
+def budget(points: list[dict]) -> float | None:
+    """The samples one seed may train (max_epochs x images an epoch; else the most a
+    censored seed trained)."""
+    p = points[0]
+    if p["max_epochs"] and p["train_images"]:
+        return float(p["max_epochs"] * p["train_images"])
+    return max((s["censored_samples"] or 0 for q in points for s in q["seeds"]), default=None) or None
+
+
+def holdout_rows(points: list[dict]) -> list[dict]:
+    """Each point with two or more scored batches below it, predicted from those alone
+    (stateff.holdout: the prediction band for the mean of its converged seeds)."""
+    allp, rows = batch_points(points), []
+    for p in points:
+        below = [q for q in points if q["k"] < p["k"] and q["scored"]]
+        if len(below) < 2 or not p["global_batch"]:
+            continue
+        try:
+            h = stateff.holdout(allp, p["global_batch"], fit_batches=[q["global_batch"] for q in below],
+                                budget=budget(points))
+        except ValueError as e:
+            rows.append({"k": p["k"], "from_ks": [q["k"] for q in below], "note": str(e)})
+            continue
+        rows.append({"k": p["k"], "run": p["run"], "global_batch": p["global_batch"],
+                     "from_ks": [q["k"] for q in below], **_holdout_fields(h, p["train_images"])})
+    return rows
+
+
+def _holdout_fields(h: dict, n_img: int | None) -> dict:
+    ep = (lambda x: None if x is None or not n_img else x / n_img)
+    pr = h["predicted"]
+    return {"predicted_epochs": ep(pr["mean"]), "band_lo": ep(pr["pred_lo"]), "band_hi": ep(pr["pred_hi"]),
+            "band": h["band"], "measured_epochs": ep(h["measured_mean"]), "measured_n": h["measured_n"],
+            "censored_n": h["censored_n"], "error_epochs": ep(h["error"]), "relative_error": h["relative_error"],
+            "inside_band": h["inside_band"], "measured_is_lower_bound": h["measured_is_lower_bound"],
+            "p_seed_over_budget": h["p_seed_over_budget"], "p_censored_as_seen": h["p_censored_as_seen"],
+            "b_crit": h["fit"]["B_crit"]["value"], "note": ""}
+
+
+def noise_rows(points: list[dict], model: dict | None) -> list[dict]:
+    """Per k >= 2: the measured B_simple (the worker's noise_scale) beside the fitted
+    B_crit (stateff.compare_b_crit), or "not measured"."""
+    rows = []
+    for p in points:
+        if p["k"] < 2:
+            continue
+        n = p["noise"]
+        row = {"k": p["k"], "global_batch": p["global_batch"], "b_simple": None, "b_simple_lo": None,
+               "b_simple_hi": None, "b_simple_covers": "", "noise_source": "not measured",
+               "b_crit": model["B_crit"]["value"] if model else None, "ratio": None, "ratio_lo": None,
+               "ratio_hi": None, "same_order": None}
+        if n:
+            row.update(b_simple=n["b_simple"], b_simple_lo=n.get("ci_lo"), b_simple_hi=n.get("ci_hi"),
+                       b_simple_covers=n.get("covers", ""), noise_source=n["source"])
+            if model and n.get("cov") is not None:
+                c = stateff.compare_b_crit(model, n)
+                row.update(ratio=c["ratio"], ratio_lo=c["ci_lo"], ratio_hi=c["ci_hi"], same_order=c["same_order"])
+        rows.append(row)
+    return rows
+
+
+def forecast(model: dict | None, ks, per_rank_batch, thr: dict, e: float) -> dict | None:
+    """stateff.tta_forecast at every k, both forms: {"clock": ..., "train": ...}."""
+    if model is None or not per_rank_batch or not thr:
+        return None
+    return {"clock": stateff.tta_forecast(model, ks, int(per_rank_batch), thr, eval_s_per_sample=e),
+            "train": stateff.tta_forecast(model, ks, int(per_rank_batch), thr)}
+
+
+# ---------------------------------------------------------------- a machine
+
+def grid_ks(fc: dict | None) -> list[int]:
+    """The throughput forecast's k's (1..G in one node, then nodes of G), else none."""
+    s = next((s for s in (fc or {}).get("series", []) if s["family"] == "torch"), None)
+    return [r["k"] for r in (s or {}).get("rows", [])]
+
+
+def of_rule(m, rule: str, fc: dict | None) -> dict | None:
+    """One LR rule's points, model, check, noise scale and forecast; None without a
+    scored-or-not point that ran."""
+    pts = [point(k, r, run) for k, (r, run) in sorted(rule_series(m, rule).items()) if ok(r)]
+    if not pts:
+        return None
+    e = eval_per_sample(pts)
+    ks = sorted({p["k"] for p in pts} | set(grid_ks(fc)))
+    thr = rates(m, fc, pts, ks)
+    base = next((p for p in pts if p["k"] == 1 and p["scored"]), None)
+    for p in pts:
+        p.update(timing(p, base, e, thr.get(p["k"]), thr.get(1)))
+    model, why = fit(pts)
+    fcast = forecast(model, ks, pts[0]["per_rank_batch"], thr, e)
+    return {"rule": rule, "points": pts, "eval_s_per_sample": e, "target": pts[0]["target"],
+            "train_images": pts[0]["train_images"], "per_rank_batch": pts[0]["per_rank_batch"],
+            "budget_samples": budget(pts), "max_epochs": pts[0]["max_epochs"], "fit": model, "fit_note": why,
+            "holdout": holdout_rows(pts), "noise": noise_rows(pts, model), "forecast": fcast, "rates": thr,
+            "measured_batches": sorted(p["global_batch"] for p in pts if p["scored"] and p["global_batch"])}
+
+
+def of_machine(m, fc: dict | None) -> dict:
+    """Every LR rule of a machine: {"machine", "label", "rules": {rule: of_rule}, "primary"}:
+    the rule the first screen answers with (the book's where it ran)."""
+    rules = {}
+    for rule in m.variants("ddp_tta"):
+        rec = of_rule(m, rule, fc)
+        if rec:
+            rules[rule] = rec
+    primary = "book" if "book" in rules else next(iter(rules), None)
+    return {"machine": m.name, "label": m.label, "rules": rules, "primary": primary}
+
+
+def primary(rec: dict) -> dict | None:
+    return rec["rules"].get(rec["primary"]) if rec["primary"] else None
+
+
+def forecast_row(rule: dict | None, k: int, form: str = "clock") -> dict | None:
+    """The time-to-accuracy forecast's row at k (form: clock or train)."""
+    f = (rule or {}).get("forecast") or {}
+    return next((r for r in (f.get(form) or {}).get("rows", []) if r["k"] == k), None)

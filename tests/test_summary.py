@@ -1,0 +1,88 @@
+"""The closing summary (dpscale.report.summary): what a run prints last. Its text comes
+from the report (tests/test_report.py checks summary.txt's numbers); here, what the
+Snakefile's onsuccess and onerror print from it, and a smoke run's last lines."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, SMALL, copy_primed, env_with_src, smk
+
+from dpscale.report import summary
+from dpscale.results import make_result, write_json_atomic
+
+SUMMARY = "\n== the answer ==\nh200: k=2 1.29x\n\nreport: /somewhere/report.html\n"
+
+
+def _result(path, status="ok", reason=None, log=None):
+    r = make_result(experiment="ddp_weak", variant="cached", k=2, status=status, reason=reason, metrics={},
+                    config={}, fingerprint={}, backend="gloo")
+    if log:
+        r["log"] = log
+    write_json_atomic(path, r)
+    return str(path)
+
+
+def test_closing_prints_a_summary_newer_than_every_result(tmp_path):
+    target = _result(tmp_path / "k2.json")
+    time.sleep(0.01)
+    (tmp_path / "summary.txt").write_text(SUMMARY)
+    assert summary.closing([target], tmp_path / "summary.txt", tmp_path / "report.html") == SUMMARY.rstrip("\n")
+
+
+def test_closing_after_a_run_that_did_not_rebuild_the_report(tmp_path):
+    """A summary older than a result (the report not rebuilt by this run) is not the
+    answer: the failures, and the report named as older."""
+    (tmp_path / "summary.txt").write_text(SUMMARY)
+    (tmp_path / "report.html").write_text("<html></html>")
+    old = time.time() - 60
+    os.utime(tmp_path / "summary.txt", (old, old))
+    target = _result(tmp_path / "k2.json", "failed", "RuntimeError: boom", "logs/ddp_weak/cached/k2.log")
+    text = summary.closing([target], tmp_path / "summary.txt", tmp_path / "report.html")
+    assert "h200: k=2" not in text and "ddp_weak/cached/k2 failed: RuntimeError: boom (log logs/ddp_weak" in text
+    assert text.splitlines()[-1] == f"report (older than this run's results, not rebuilt): {tmp_path / 'report.html'}"
+
+
+def test_onerror_names_the_failed_jobs_with_their_logs(tmp_path):
+    """After a Snakemake error: each failed rule, its log and the log's last lines (read
+    from Snakemake's own log), then whatever report exists."""
+    (tmp_path / "report.log").write_text("\n".join(f"line {i}" for i in range(20)) + "\nValueError: no figure\n")
+    smk_log = tmp_path / "snakemake.log"
+    smk_log.write_text(f"Error in rule report:\n    jobid: 0\n    input: a, b\n    output: c\n"
+                       f"    log: {tmp_path / 'report.log'} (check log file(s) for error details)\n    shell: x\n")
+    text = summary.closing([], tmp_path / "summary.txt", tmp_path / "report.html", snakemake_log=[str(smk_log)],
+                           failed=True)   # Snakemake 9 passes its log files as a list
+    lines = text.splitlines()
+    assert lines[0].startswith("Snakemake stopped: 1 job(s) failed")
+    assert lines[1] == f"  rule report: log {tmp_path / 'report.log'}" and "    | ValueError: no figure" in lines
+    assert lines[-1] == "no report built yet: snakemake --cores 1 report"
+
+
+def test_announce_prints_after_everything_else(tmp_path):
+    code = ("import sys; from dpscale.report import summary; summary.announce('THE ANSWER'); "
+            "print('snakemake says goodbye', file=sys.stderr)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_with_src(), cwd=ROOT)
+    assert p.stderr.splitlines()[-2:] == ["snakemake says goodbye", "THE ANSWER"]
+
+
+@pytest.mark.workflow
+def test_a_smoke_run_ends_with_the_answer(primed, tmp_path):
+    """The last lines of `snakemake ... report`: after Snakemake's own, the answer (the
+    kept machines' time to accuracy with intervals among it), what failed with its log,
+    and the report's path, last. Two k=2 jobs, one made to crash."""
+    repo = copy_primed(primed, tmp_path / "repo")
+    cfg = ["--config", *SMALL, "ks=[2]", "experiments=[ddp_weak]", f"locks={{dir: {tmp_path / 'locks'}}}",
+           "forecast={bootstrap_draws: 20}"]
+    fault = {**os.environ, "DPSCALE_FAULT": "crash:rank=1:job=ddp_weak/cached/k2"}
+    p = smk(repo, "--cores", "2", "report", *cfg, env=fault)
+    err = p.stderr.rstrip("\n").splitlines()
+    assert err[-1] == f"report: {(repo / 'results/report/report.html').resolve()}", err[-30:]
+    tail = "\n".join(err[-60:])
+    start = tail.index(summary.HEAD)
+    assert tail.rfind("Complete log") < start, "printed after Snakemake's own last lines"
+    assert "ddp_weak/cached/k2 failed: RuntimeError: injected fault" in tail and "(log logs/ddp_weak/cached/k2.log)" in tail
+    assert "h200: 1x H200, paper scale, data real" in tail and "evaluation on the clock" in tail
+    assert (repo / "results/report/summary.txt").read_text().rstrip("\n").splitlines()[-1] == err[-1]
