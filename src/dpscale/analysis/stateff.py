@@ -434,7 +434,8 @@ def b_simple_pooled(windows, blocks: int = 10, level: float = LEVEL) -> dict:
     over every step of every window, and its interval from blocks of consecutive steps
     cut within each run (up to `blocks` a run, so no block straddles two seeds), their
     paired means under Fieller (stats.ratio_ci). windows: [(g2_steps, trace_steps)].
-    Returns b_simple_window's keys (no cov), covers POOLED."""
+    Returns b_simple_window's keys (mean_trace, mean_g2 and cov of the blocks' means too,
+    for compare_b_crit), covers POOLED."""
     import numpy as np
     tb, gb, g2_all, tr_all = [], [], [], []
     for g2_steps, trace_steps in windows:
@@ -454,7 +455,9 @@ def b_simple_pooled(windows, blocks: int = 10, level: float = LEVEL) -> dict:
         out["method"] = f"no interval: {len(tb)} block(s)"
         return out
     r = stats.ratio_ci(np.array(tb), np.array(gb), paired=True, level=level, covers=POOLED)
-    out.update(df=len(tb) - 1, ci_lo=r["ci_lo"], ci_hi=r["ci_hi"],
+    cov = np.cov(np.array(tb), np.array(gb), ddof=1) / len(tb)
+    out.update(df=len(tb) - 1, ci_lo=r["ci_lo"], ci_hi=r["ci_hi"], mean_trace=float(np.mean(tb)),
+               mean_g2=float(np.mean(gb)), cov=cov.tolist(),
                method=f"{r['method']} over blocks of consecutive steps within each seed's window")
     return out
 

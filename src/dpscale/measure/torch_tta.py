@@ -522,8 +522,8 @@ def noise_fields(runs: list[dict]) -> dict:
     windows = [(r["noise_g2_grad_sq_steps"][:r["noise_steps"]], r["noise_trace_grad_sq_steps"][:r["noise_steps"]])
                for r in have]
     w = stateff.b_simple_pooled(windows)
-    return {"noise_probe": True, "b_simple_samples": w["b_simple"], "b_simple_samples_ci_lo": w["ci_lo"],
-            "b_simple_samples_ci_hi": w["ci_hi"], "b_simple_samples_covers": w["covers"],
+    return {"noise_probe": True, "noise_scale": w,   # the whole record: report.tta sets it beside B_crit
+            "b_simple_samples": w["b_simple"], "b_simple_samples_ci_lo": w["ci_lo"], "b_simple_samples_ci_hi": w["ci_hi"], "b_simple_samples_covers": w["covers"],
             "b_simple_method_txt": w["method"], "noise_steps": w["steps"],
             "noise_g2_grad_sq": w["g2"], "noise_trace_grad_sq": w["trace"],
             "noise_window_txt": "each seed's steps up to its first evaluation at or above the target "
