@@ -421,7 +421,8 @@ def of_machine(m, fc: dict | None) -> dict:
         rec = of_rule(m, rule, fc)
         if rec:
             rules[rule] = rec
-    primary = "book" if "book" in rules else next(iter(rules), None)
+    order = registry.get("ddp_tta").series_order(rules)   # the book's protocol first
+    primary = order[0] if order else None
     return {"machine": m.name, "label": m.label, "rules": rules, "primary": primary}
 
 
