@@ -73,6 +73,22 @@ def test_rate_and_tbf_numbers():
                                "burst", "125000", "latency", f"{t.latency_ms:g}ms"]
 
 
+def test_the_stand_in_plans_the_link_tier_and_the_machine():
+    from dpscale.run import standin
+    two = [(j.experiment, j.k, j.per_node, j.folder) for j in standin.plan([1, 2], 1)]
+    assert two == [("allreduce", 2, 1, ""), ("ddp_weak", 1, 1, ""), ("ddp_weak", 2, 1, ""),
+                   ("ddp_comm_probe", 2, 1, "")]
+    four = standin.plan([1, 2, 4], 2)
+    assert [(j.experiment, j.k, j.across) for j in four if j.folder == "internode"] == [
+        ("allreduce", 2, True), ("ddp_weak", 2, True), ("ddp_comm_probe", 2, True)]
+    assert {(j.experiment, j.k, j.across) for j in four if j.folder == ""} == {
+        ("allreduce", 2, False), ("allreduce", 4, True), ("ddp_weak", 1, False), ("ddp_weak", 2, False),
+        ("ddp_weak", 4, True), ("ddp_comm_probe", 2, False), ("ddp_comm_probe", 4, True)}
+    assert str(four[0].path(Path("out"))) == "out/internode/runs/allreduce/default/k2.json"
+    with pytest.raises(ValueError, match="cannot be placed"):
+        standin.plan([3], 2)
+
+
 def test_namespaces_are_made_and_always_removed():
     with nodes_or_skip("100mbit") as n:
         names = n.names
@@ -230,7 +246,7 @@ def test_a_sigkilled_rank_leaves_no_process_and_no_namespace(tiny_data, tmp_path
         assert not netns.pids_in(n.names[0]) and not netns.pids_in(n.names[1])
         names = n.names
     assert not set(names) & set(netns.list_namespaces())
-    alive = [p for p in seen if netns._proc_start(p) is not None]
+    alive = [p for p in seen if netns.alive(p)]
     assert not alive, alive
     run = box["run"]
     assert run.status == "failed" and run.result["status"] == "failed", run.result

@@ -191,7 +191,12 @@ def _proc_start(pid: int) -> int | None:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def _kill_all(pids: list[int], grace_s: float = 2.0) -> None:
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie does not)."""
+    return _proc_start(pid) is not None
+
+
+def kill_all(pids: list[int], grace_s: float = 2.0) -> None:
     """SIGTERM, then SIGKILL what is left after grace_s."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         left = []
@@ -213,7 +218,7 @@ def delete_namespace(ns: str) -> None:
     """Kill what still runs inside (a namespace lives on while a process holds it,
     and so does its veth), then delete it. Never raises: teardown must finish."""
     try:
-        _kill_all(pids_in(ns))
+        kill_all(pids_in(ns))
         _run([_ip_binary(), "netns", "del", ns], check=False)
     except (OSError, subprocess.SubprocessError, NetnsUnavailable):
         pass

@@ -147,6 +147,28 @@ def probe_threads(nodes: netns.TwoNodes, core: int, threads: int, python: str) -
     return int(p.stdout.split()[-1])
 
 
+def _cpu_now() -> dict:
+    """The machine's CPU seconds so far (/proc/stat) and this process's and its reaped
+    children's (every agent and rank of a finished job rolls up into them)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    f = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    t = os.times()
+    return {"user": (f[0] + f[1]) / hz, "system": f[2] / hz, "irq": (f[4] + f[5]) / hz, "steal": f[7] / hz,
+            "ours_user": t.user + t.children_user, "ours_system": t.system + t.children_system,
+            "loadavg": Path("/proc/loadavg").read_text().split()[:3]}
+
+
+def cpu_share(before: dict, after: dict, wall_s: float) -> dict:
+    """Who used the machine's CPUs during one job: its own processes, the kernel's
+    interrupt work (the link's TCP traffic among it), and everyone else's user time,
+    which is the interference to look for (0 on a quiet machine)."""
+    d = {k: after[k] - before[k] for k in ("user", "system", "irq", "steal", "ours_user", "ours_system")}
+    return {"wall_s": round(wall_s, 1), "cpu_s_job": round(d["ours_user"] + d["ours_system"], 1),
+            "cpu_s_irq_softirq": round(d["irq"], 1), "cpu_s_steal": round(d["steal"], 1),
+            "cpu_user_s_others": round(max(0.0, d["user"] - d["ours_user"]), 1),
+            "loadavg_before": before["loadavg"], "loadavg_after": after["loadavg"]}
+
+
 def placement(job: Planned, threads: int) -> twonode.Placement:
     """Cores: node 0 takes 0..G-1, node 1 G..2G-1; a one-node job runs on node 0's."""
     g = job.per_node
@@ -261,9 +283,12 @@ def _measure(nodes: netns.TwoNodes, jobs: list[Planned], resolved: dict, fp: dic
         log = job.log(here)
         say(f"{job.path(here)}: k={job.k}, "
             + (f"across the link, {g} rank(s) per side" if job.across else "in one namespace"))
+        c0 = _cpu_now()
         r = twonode.run_measurement(spec, job.path(here), f"{log}.ranks", nodes, placement(job, threads),
                                     python=python, lock_dir=lock_dir)
-        say(f"  -> {r.status} in {r.elapsed_s:.0f} s" + (f": {r.result.get('reason')}" if r.status != "ok" else ""))
+        cpu = cpu_share(c0, _cpu_now(), r.elapsed_s)
+        say(f"  -> {r.status} in {r.elapsed_s:.0f} s (others' CPU time meanwhile {cpu['cpu_user_s_others']:g} s)"
+            + (f": {r.result.get('reason')}" if r.status != "ok" else ""))
         record["runs"][str(job.path(here))] = {
-            **r.layout, "status": r.status, "elapsed_s": round(r.elapsed_s, 1),
+            **r.layout, "status": r.status, "elapsed_s": round(r.elapsed_s, 1), "cpu": cpu,
             "commands": [shlex.join(c) for c in r.commands], "log": str(r.log)}

@@ -34,6 +34,7 @@ or a failed or hung record with its reason, rank logs and log tails).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpscale.plan import specs
-from dpscale.run import devices, launch, launches, lifeline, watchdog
+from dpscale.run import devices, launch, launches, lifeline, netns, watchdog
 from dpscale.run.netns import TwoNodes
 
 PIN = launch.SCRIPTS / "pin_rank.py"
@@ -220,6 +221,31 @@ def ranks_by_node(agent_logs: list[str]) -> dict[str, list[int]]:
     return {str(i): sorted({int(r) for r in RANK_LINE.findall(text)}) for i, text in enumerate(agent_logs)}
 
 
+def sweep_namespaces(names) -> list[int]:
+    """Kill whatever still runs in the namespaces once a launch is over: the runner owns
+    them for the run, so anything left is this launch's (a rank torchrun lost, a
+    wrapper between its fork and the worker's parent-death signal). Returns the pids."""
+    left = [pid for ns in names for pid in netns.pids_in(ns)]
+    if left:
+        netns.kill_all(left, grace_s=watchdog.ORPHAN_GRACE_S)
+    return left
+
+
+def order_rank_dirs(rank_dir: Path, by_node: dict[str, list[int]]) -> None:
+    """watchdog.collect_rank_logs numbers the nodes by their torchrun log folders'
+    mtimes (the order the agents started, on a cluster); here the agents start at once.
+    Give the folder of namespace i the i-th mtime, so that <log>.node<i>.rank<r>.log is
+    namespace i's local rank r. A folder whose ranks printed nothing stays as it is."""
+    runs = [p for p in rank_dir.glob("*") if p.is_dir()] if rank_dir.is_dir() else []
+    base = time.time() - 60
+    for run in runs:
+        text = "".join(f.read_text(errors="replace") for f in run.glob("attempt_*/*/stdout.log"))
+        ranks = {int(r) for r in re.findall(r"^\[rank (\d+)/\d+ ", text, re.M)}
+        node = next((int(i) for i, rs in by_node.items() if ranks & set(rs)), None)
+        if node is not None:
+            os.utime(run, (base + node, base + node))
+
+
 def _say(log: Path, text: str, echo=None) -> None:
     with open(log, "a") as f:
         f.write(f"[watchdog] {text}\n")
@@ -282,8 +308,13 @@ def run_measurement(spec: dict, result: str | os.PathLike, rank_logs: str | os.P
                 out, procs = supervise_all(argv, envs, agent_logs, limit, grace, held.fds, on_start)
                 pids += [p.pid for p in procs]
                 codes = [p.returncode for p in procs]
+                left = sweep_namespaces(nodes.names[:len(cmds)])
+                if left:
+                    _say(job.log, f"killed {len(left)} process(es) still inside the namespaces: {left}", echo)
+                    out = dataclasses.replace(out, stray=True)
                 texts = [p.read_text(errors="replace") for p in agent_logs]
                 layout["global_ranks_by_node"] = ranks_by_node(texts)
+                order_rank_dirs(job.rank_dir, layout["global_ranks_by_node"])
                 with open(job.log, "a") as f:
                     for i, t in enumerate(texts):
                         f.write(f"===== node {i} ({nodes.names[i]}): torchrun agent and its ranks =====\n{t}")
