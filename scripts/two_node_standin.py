@@ -21,7 +21,8 @@ and a summary (samples/s, step times, busbw, the communication share of the k=2 
 
 Needs root (network namespaces, tc). Example:
 
-    sudo python scripts/two_node_standin.py --rate 1gbit --out results/twonode
+    sudo python scripts/two_node_standin.py --out results/twonode            # 500mbit
+    sudo python scripts/two_node_standin.py --rate 1gbit --out results/twonode-1g
 """
 import sys
 from pathlib import Path
@@ -60,6 +61,11 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="threads per rank at every k (default 1)")
     ap.add_argument("--per-node", type=int, default=None,
                     help="ranks per namespace (default: 2 with 4+ cores, else 1)")
+    ap.add_argument("--busy-retries", type=int, default=2,
+                    help="measure a job again when other processes took more than --busy-fraction of its wall "
+                         "time in CPU time meanwhile, up to this many times (default 2; 0: never)")
+    ap.add_argument("--busy-fraction", type=float, default=0.05,
+                    help="the share of a job's wall time others' CPU time may take (default 0.05)")
     ap.add_argument("--lock-dir", default=None,
                     help="folder of the per-core locks shared with the workflow (default /tmp/dpscale-locks)")
     a = ap.parse_args(argv)
@@ -68,8 +74,9 @@ def main(argv=None) -> int:
         signal.signal(sig, _stop)
     command = shlex.join(["python", "scripts/two_node_standin.py", *(sys.argv[1:] if argv is None else argv)])
     try:
-        rec = standin.run(a.out, a.rate, ks, a.scale, a.timeout_s, a.data, a.threads, a.per_node,
-                          lock_dir=a.lock_dir, command=command)
+        opts = standin.Options(threads=a.threads, lock_dir=a.lock_dir, busy_retries=a.busy_retries,
+                               busy_fraction=a.busy_fraction)
+        rec = standin.run(a.out, a.rate, ks, a.scale, a.timeout_s, a.data, a.per_node, opts, command=command)
     except netns.NetnsUnavailable as e:
         print(f"two_node_standin: {e}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, make_spec
+from conftest import ROOT
 
 from dpscale.run import netns, twonode
 
