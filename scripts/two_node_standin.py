@@ -66,6 +66,9 @@ def main(argv=None) -> int:
                          "time in CPU time meanwhile, up to this many times (default 2; 0: never)")
     ap.add_argument("--busy-fraction", type=float, default=0.05,
                     help="the share of a job's wall time others' CPU time may take (default 0.05)")
+    ap.add_argument("--quiet-wait-s", type=float, default=300,
+                    help="before each job, wait up to this long for a 5 s window in which other processes stay "
+                         "under --busy-fraction of the CPU (default 300; 0: start at once)")
     ap.add_argument("--lock-dir", default=None,
                     help="folder of the per-core locks shared with the workflow (default /tmp/dpscale-locks)")
     a = ap.parse_args(argv)
@@ -75,7 +78,7 @@ def main(argv=None) -> int:
     command = shlex.join(["python", "scripts/two_node_standin.py", *(sys.argv[1:] if argv is None else argv)])
     try:
         opts = standin.Options(threads=a.threads, lock_dir=a.lock_dir, busy_retries=a.busy_retries,
-                               busy_fraction=a.busy_fraction)
+                               busy_fraction=a.busy_fraction, quiet_wait_s=a.quiet_wait_s)
         rec = standin.run(a.out, a.rate, ks, a.scale, a.timeout_s, a.data, a.per_node, opts, command=command)
     except netns.NetnsUnavailable as e:
         print(f"two_node_standin: {e}", file=sys.stderr)

@@ -77,6 +77,7 @@ class Options:
     transfer_bytes: int | None = None
     busy_retries: int = 0
     busy_fraction: float = 0.05
+    quiet_wait_s: float = 0   # before each attempt, wait up to this long for others' CPU use to stop
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,19 @@ def cpu_share(before: dict, after: dict, wall_s: float) -> dict:
             "cpu_s_irq_softirq": round(d["irq"], 1), "cpu_s_steal": round(d["steal"], 1),
             "cpu_user_s_others": round(max(0.0, d["user"] - d["ours_user"]), 1),
             "loadavg_before": before["loadavg"], "loadavg_after": after["loadavg"]}
+
+
+def wait_quiet(max_s: float, fraction: float, window_s: float = 5.0) -> dict:
+    """Wait (up to max_s) for a window of window_s seconds in which other processes
+    took at most `fraction` of one window in CPU time. Returns how long it waited and
+    the last window's share (above `fraction`: it gave up waiting)."""
+    t0, share = time.monotonic(), None
+    while True:
+        a = _cpu_now()
+        time.sleep(window_s)
+        share = cpu_share(a, _cpu_now(), window_s)["cpu_user_s_others"] / window_s
+        if share <= fraction or time.monotonic() - t0 >= max_s:
+            return {"waited_s": round(time.monotonic() - t0, 1), "others_share": round(share, 3)}
 
 
 def placement(job: Planned, threads: int) -> twonode.Placement:
@@ -309,12 +323,13 @@ def _job(nodes: netns.TwoNodes, job: Planned, resolved: dict, fp: dict, inputs: 
         + (f"across the link, {g} rank(s) per side" if job.across else "in one namespace"))
     attempts = []
     for attempt in range(1 + max(0, opts.busy_retries)):
+        quiet = wait_quiet(opts.quiet_wait_s, opts.busy_fraction) if opts.quiet_wait_s > 0 else None
         c0 = _cpu_now()
         r = twonode.run_measurement(spec, job.path(here), f"{log}.ranks", nodes, placement(job, opts.threads),
                                     python=opts.python, lock_dir=opts.lock_dir)
         cpu = cpu_share(c0, _cpu_now(), r.elapsed_s)
         busy = cpu["cpu_user_s_others"] > opts.busy_fraction * max(r.elapsed_s, 1e-9)
-        attempts.append({"status": r.status, **cpu, "busy": busy})
+        attempts.append({"status": r.status, **cpu, "busy": busy, **({"before": quiet} if quiet else {})})
         say(f"  -> {r.status} in {r.elapsed_s:.0f} s (others' CPU time meanwhile {cpu['cpu_user_s_others']:g} s"
             + (", measured again" if busy and r.status == "ok" and attempt < opts.busy_retries else "") + ")"
             + (f": {r.result.get('reason')}" if r.status != "ok" else ""))
