@@ -63,7 +63,8 @@ def main(argv=None) -> int:
                     help="ranks per namespace (default: 2 with 4+ cores, else 1)")
     ap.add_argument("--busy-retries", type=int, default=2,
                     help="measure a job again when other processes took more than --busy-fraction of its wall "
-                         "time in CPU time meanwhile, up to this many times (default 2; 0: never)")
+                         "time in CPU time meanwhile, up to this many times, and keep the least disturbed "
+                         "attempt (default 2; 0: never)")
     ap.add_argument("--busy-fraction", type=float, default=0.05,
                     help="the share of a job's wall time others' CPU time may take (default 0.05)")
     ap.add_argument("--quiet-wait-s", type=float, default=300,
@@ -83,6 +84,10 @@ def main(argv=None) -> int:
     except netns.NetnsUnavailable as e:
         print(f"two_node_standin: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        print(f"two_node_standin: stopped ({e or 'interrupt'}): its processes and namespaces are gone",
+              file=sys.stderr)
+        return 130
     s = rec.get("summary", {})
     print(f"wrote {a.out}/runs, {a.out}/link.json in {rec['wall_s']:.0f} s")
     for key in ("ddp_weak_k1", "ddp_weak_k2_across"):
