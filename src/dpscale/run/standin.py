@@ -185,7 +185,7 @@ def cpu_share(before: dict, after: dict, wall_s: float) -> dict:
     interrupt work (the link's TCP traffic among it), and everyone else's user time,
     which is the interference to look for (0 on a quiet machine)."""
     d = {k: after[k] - before[k] for k in ("user", "system", "irq", "steal", "ours_user", "ours_system")}
-    return {"wall_s": round(wall_s, 1), "cpu_s_job": round(d["ours_user"] + d["ours_system"], 1),
+    return {"wall_s": round(wall_s, 2), "cpu_s_job": round(d["ours_user"] + d["ours_system"], 1),
             "cpu_s_irq_softirq": round(d["irq"], 1), "cpu_s_steal": round(d["steal"], 1),
             "cpu_user_s_others": round(max(0.0, d["user"] - d["ours_user"]), 1),
             "loadavg_before": before["loadavg"], "loadavg_after": after["loadavg"]}
@@ -347,11 +347,13 @@ def _job(nodes: netns.TwoNodes, job: Planned, resolved: dict, fp: dict, inputs: 
     attempts, best = [], None
     for attempt in range(1 + max(0, opts.busy_retries)):
         quiet = wait_quiet(opts.quiet_wait_s, opts.busy_fraction) if opts.quiet_wait_s > 0 else None
-        c0 = _cpu_now()
+        started: dict = {}   # the CPU window opens when the agents start: not while waiting for the locks
         r = twonode.run_measurement(spec, job.path(here), f"{log}.ranks", nodes, placement(job, opts.threads),
-                                    python=opts.python, lock_dir=opts.lock_dir)
-        cpu = cpu_share(c0, _cpu_now(), r.elapsed_s)
-        share = cpu["cpu_user_s_others"] / max(r.elapsed_s, 1e-9)
+                                    python=opts.python, lock_dir=opts.lock_dir,
+                                    on_start=lambda _procs: started.setdefault("at", (_cpu_now(), time.monotonic())))
+        c0, t0 = started.get("at") or (_cpu_now(), time.monotonic())
+        cpu = cpu_share(c0, _cpu_now(), time.monotonic() - t0)
+        share = cpu["cpu_user_s_others"] / max(cpu["wall_s"], 1e-9)
         busy = share > opts.busy_fraction
         attempts.append({"status": r.status, **cpu, "busy": busy, **({"before": quiet} if quiet else {})})
         again = busy and r.status == "ok" and attempt < opts.busy_retries
