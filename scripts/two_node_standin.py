@@ -62,14 +62,14 @@ def main(argv=None) -> int:
     ap.add_argument("--per-node", type=int, default=None,
                     help="ranks per namespace (default: 2 with 4+ cores, else 1)")
     ap.add_argument("--busy-retries", type=int, default=2,
-                    help="measure a job again when other processes took more than --busy-fraction of its wall "
-                         "time in CPU time meanwhile, up to this many times, and keep the least disturbed "
+                    help="measure a job again when other processes' CPU time and the hypervisor's steal took "
+                         "more than --busy-fraction of its wall time meanwhile, up to this many times, and keep the least disturbed "
                          "attempt (default 2; 0: never)")
     ap.add_argument("--busy-fraction", type=float, default=0.05,
-                    help="the share of a job's wall time others' CPU time may take (default 0.05)")
+                    help="the share of a job's wall time others' CPU time and steal may take (default 0.05)")
     ap.add_argument("--quiet-wait-s", type=float, default=300,
-                    help="before each job, wait up to this long for a 5 s window in which other processes stay "
-                         "under --busy-fraction of the CPU (default 300; 0: start at once)")
+                    help="before each job, wait up to this long for a 5 s window in which other processes (and "
+                         "steal) stay under --busy-fraction of the CPU (default 300; 0: start at once)")
     ap.add_argument("--lock-dir", default=None,
                     help="folder of the per-core locks shared with the workflow (default /tmp/dpscale-locks)")
     a = ap.parse_args(argv)

@@ -69,9 +69,10 @@ MIN_CORES_FOR_TWO_PER_NODE = 4
 
 @dataclass(frozen=True)
 class Options:
-    """How the jobs run. busy_retries: a job during which other processes took more
-    than busy_fraction of its wall time in CPU time is measured again, up to that many
-    times (a shared box: the least disturbed ok attempt is kept, every attempt is in link.json)."""
+    """How the jobs run. busy_retries: a job during which other processes' CPU time and the
+    hypervisor's steal (cpu_share's cpu_s_disturbed) took more than busy_fraction of its wall
+    time is measured again, up to that many times (a shared box: the least disturbed ok
+    attempt is kept, every attempt is in link.json)."""
     threads: int = 1
     python: str = sys.executable
     lock_dir: str | None = None
@@ -182,12 +183,15 @@ def _cpu_now() -> dict:
 
 def cpu_share(before: dict, after: dict, wall_s: float) -> dict:
     """Who used the machine's CPUs during one job: its own processes, the kernel's
-    interrupt work (the link's TCP traffic among it), and everyone else's user time,
-    which is the interference to look for (0 on a quiet machine)."""
+    interrupt work (the link's TCP traffic among it), everyone else's user time, and
+    the hypervisor's steal (a VM's CPUs given to other guests). The last two are the
+    interference to look for (0 on a quiet machine): cpu_s_disturbed."""
     d = {k: after[k] - before[k] for k in ("user", "system", "irq", "steal", "ours_user", "ours_system")}
     return {"wall_s": round(wall_s, 2), "cpu_s_job": round(d["ours_user"] + d["ours_system"], 1),
             "cpu_s_irq_softirq": round(d["irq"], 1), "cpu_s_steal": round(d["steal"], 1),
             "cpu_user_s_others": round(max(0.0, d["user"] - d["ours_user"]), 1),
+            # what kept this job's CPUs from it: other processes here, and the hypervisor (steal)
+            "cpu_s_disturbed": round(max(0.0, d["user"] - d["ours_user"]) + d["steal"], 1),
             "loadavg_before": before["loadavg"], "loadavg_after": after["loadavg"]}
 
 
@@ -199,7 +203,7 @@ def wait_quiet(max_s: float, fraction: float, window_s: float = 5.0) -> dict:
     while True:
         a = _cpu_now()
         time.sleep(window_s)
-        share = cpu_share(a, _cpu_now(), window_s)["cpu_user_s_others"] / window_s
+        share = cpu_share(a, _cpu_now(), window_s)["cpu_s_disturbed"] / window_s
         if share <= fraction or time.monotonic() - t0 >= max_s:
             return {"waited_s": round(time.monotonic() - t0, 1), "others_share": round(share, 3)}
 
@@ -353,11 +357,12 @@ def _job(nodes: netns.TwoNodes, job: Planned, resolved: dict, fp: dict, inputs: 
                                     on_start=lambda _procs: started.setdefault("at", (_cpu_now(), time.monotonic())))
         c0, t0 = started.get("at") or (_cpu_now(), time.monotonic())
         cpu = cpu_share(c0, _cpu_now(), time.monotonic() - t0)
-        share = cpu["cpu_user_s_others"] / max(cpu["wall_s"], 1e-9)
+        share = cpu["cpu_s_disturbed"] / max(cpu["wall_s"], 1e-9)
         busy = share > opts.busy_fraction
         attempts.append({"status": r.status, **cpu, "busy": busy, **({"before": quiet} if quiet else {})})
         again = busy and r.status == "ok" and attempt < opts.busy_retries
-        say(f"  -> {r.status} in {r.elapsed_s:.0f} s (others' CPU time meanwhile {cpu['cpu_user_s_others']:g} s"
+        say(f"  -> {r.status} in {r.elapsed_s:.0f} s (others' CPU time meanwhile {cpu['cpu_user_s_others']:g} s, "
+            f"steal {cpu['cpu_s_steal']:g} s"
             + (", measured again" if again else "") + ")"
             + (f": {r.result.get('reason')}" if r.status != "ok" else ""))
         if r.status != "ok":
