@@ -62,7 +62,8 @@ PROBE = ("ddp_comm_probe", "default")
 # of it carries TCP payload), 0.75 s at 500 Mbit/s. DDP overlaps its buckets with the
 # backward (~0.3 s of a ~0.47 s step on one core), so at 1 Gbit/s only ~0.13 s is
 # exposed: measured 21% of the k=2 step (487 -> 617 ms); at 750 Mbit/s 46% and at 500
-# Mbit/s 54% (448 -> 977 ms). 500 Mbit/s keeps the share above 30% with room for noise.
+# Mbit/s 54% (448 -> 977 ms); reference/cpu2-twonode, on a quiet box: 38% (606 -> 984 ms).
+# 500 Mbit/s keeps the share above 30% with room for noise.
 DEFAULT_RATE = "500mbit"
 MIN_CORES_FOR_TWO_PER_NODE = 4
 
