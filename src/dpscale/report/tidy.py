@@ -71,6 +71,7 @@ UNITS = (
     (r"^loss", "1"),
     (r"(^repeats$|^launches$|(^|_)batch$|^steps_per_epoch$|_chars$)", "count"),
     (r"^representative_launch$", "index"),
+    (r"(^pairs$|^wrong_total$)", "count"),   # the probe's pairs, the sweep's wrong elements (current results)
 )
 
 
