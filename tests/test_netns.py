@@ -169,7 +169,7 @@ def test_node_commands_are_the_multinode_launch_per_namespace(tiny_data):
         cmds = twonode.node_commands(spec, "r.json", "r.log.ranks", nodes, ONE_EACH, rdzv_id="4242")
     except netns.NetnsUnavailable as e:
         pytest.skip(str(e))
-    from dpscale.run import launch
+    from dpscale.run import command as launch
     port = launch.rdzv_port("4242")
     for i, cmd in enumerate(cmds):
         at = cmd.index("taskset")

@@ -47,7 +47,8 @@ from pathlib import Path
 
 import yaml
 
-from dpscale import data as dsdata
+from dpscale import results
+from dpscale.data import fetch as dsfetch, load as dsload, resize as dsresize
 from dpscale.plan import config as dsconfig, fingerprint as fpmod, specs
 from dpscale.results import utc_now, write_json_atomic
 from dpscale.run import netns, twonode
@@ -96,7 +97,7 @@ class Planned:
         return self.k > self.per_node
 
     def target(self) -> str:
-        return specs.target(self.experiment, self.variant, self.k, root="runs")
+        return results.result_path(self.experiment, self.variant, self.k, root="runs")
 
     def path(self, out: Path) -> Path:
         return out / self.folder / self.target()
@@ -147,15 +148,15 @@ def prepare_data(data_dir: Path, size: int, source: str = "auto", say=print) -> 
     npz, meta = data_dir / f"fmnist_{size}px.npz", data_dir / f"fmnist_{size}px.json"
     inputs = {"cache": str(npz), "cache_meta": str(meta), "data_root": str(data_dir)}
     try:
-        dsdata.load_cache(npz, meta)
+        dsload.load_cache(npz, meta)
         return inputs
-    except (OSError, ValueError, dsdata.DataError):
+    except (OSError, ValueError, dsload.DataError):
         pass
     if not (data_dir / "source.json").exists():
-        prov = dsdata.fetch(data_dir, source, [])
+        prov = dsfetch.fetch(data_dir, source, [])
         say(f"data: Fashion-MNIST from {prov.get('origin')} (source={prov['source']})")
     t0 = time.monotonic()
-    m = dsdata.build_cache(data_dir, size, npz, meta)
+    m = dsresize.build_cache(data_dir, size, npz, meta)
     say(f"data: resize cache {npz} ({m['n_train']} + {m['n_test']} images at {size} px) "
         f"in {time.monotonic() - t0:.0f} s")
     return inputs

@@ -10,7 +10,7 @@ Across the link, per node i (namespace i):
                --local-addr=<ns i's address> --rdzv-conf=is_host=<1 if i == 0 else 0> \
                --log-dir ... torch_worker.py --spec ... --result ...
 
-which is dpscale.run.launch.worker_command rewritten by launch.multinode_command (the
+which is dpscale.run.command.worker_command rewritten by launch.multinode_command (the
 SLURM path's own rewriting: its srun prefix is dropped, one agent per namespace takes
 its place; three arguments are added: --node-rank, which torchrun reads only with a
 static rendezvous (c10d numbers the nodes as they join; it is there for the reader and
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpscale.plan import specs
-from dpscale.run import devices, launch, launches, lifeline, netns, watchdog
+from dpscale.run import command as launch, devices, launches, lifeline, netns, watchdog
 from dpscale.run.netns import TwoNodes
 
 PIN = launch.SCRIPTS / "pin_rank.py"
@@ -179,7 +179,7 @@ def supervise_all(cmds: list[list[str]], envs: list[dict], logs: list[Path], lim
     """Start every command at once (each its own session), until all exit 0, one exits
     non-zero, or `limit` passes; then every group still alive is killed. The Outcome
     is the watchdog's: rc = 0, or the first non-zero exit code; None when killed."""
-    t0 = time.monotonic()
+    t0, spawned = time.monotonic(), time.time()
     procs: list[subprocess.Popen] = []
     killed, rc = None, None
     try:
@@ -212,7 +212,7 @@ def supervise_all(cmds: list[list[str]], envs: list[dict], logs: list[Path], lim
             lifeline.kill_group(p.pid, grace if killed == "limit" else watchdog.ORPHAN_GRACE_S, p)
         p.wait()
     stray = any(lifeline.group_alive(p.pid) for p in procs)
-    return watchdog.Outcome(None if killed else rc, elapsed, killed, stray), procs
+    return watchdog.Outcome(None if killed else rc, elapsed, killed, stray, spawned), procs
 
 
 def ranks_by_node(agent_logs: list[str]) -> dict[str, list[int]]:
@@ -253,6 +253,51 @@ def _say(log: Path, text: str, echo=None) -> None:
         echo(text)
 
 
+def _launches(job, spec, cmds, envs, agent_logs, nodes, held, layout, echo, on_start):
+    """Every launch of the job across the nodes, merged as the watchdog merges them
+    (stamped with what each cost); (the last Outcome, its exit codes, every pid)."""
+    limit, grace = float(spec["limit_s"]), float(spec.get("grace_s", 15))
+    n, done, pids, t0 = launches.count(spec), [], [], time.monotonic()
+    out, codes = None, []
+    _say(job.log, f"{job.label} on the two-node stand-in ({nodes.tbf.rate_bps / 1e9:g} Gbit/s link), "
+                  f"limit {limit:g} s per launch, {n} launch(es), cores {held.names}", echo)
+    for i, c in enumerate(cmds):
+        _say(job.log, f"node {i} $ {' '.join(c)}")
+    for li in range(1, n + 1):
+        produced, label = watchdog.launch_path(job, li, n), (f"launch {li}/{n}: " if n > 1 else "")
+        argv = [[a.replace(str(job.result), str(produced)) for a in c] for c in cmds]
+        for p in agent_logs:
+            p.write_text("")
+        out, procs = supervise_all(argv, envs, agent_logs, limit, grace, held.fds, on_start)
+        pids += [p.pid for p in procs]
+        codes = [p.returncode for p in procs]
+        out = _after_launch(job, out, nodes, agent_logs, layout, len(cmds), echo)
+        if (r := watchdog.record_outcome(job, out, produced, label)) is None:
+            return out, codes, pids
+        done.append(launches.stamp(r, out.spawned_unix, out.elapsed))
+    watchdog.finish(job, done, time.monotonic() - t0)
+    return out, codes, pids
+
+
+def _after_launch(job, out, nodes, agent_logs, layout, n_nodes: int, echo):
+    """Clear the namespaces, number and keep the nodes' logs; the Outcome, stray if any was left."""
+    left = sweep_namespaces(nodes.names[:n_nodes])
+    if left:
+        _say(job.log, f"killed {len(left)} process(es) still inside the namespaces: {left}", echo)
+        out = dataclasses.replace(out, stray=True)
+    texts = [p.read_text(errors="replace") for p in agent_logs]
+    layout["global_ranks_by_node"] = ranks_by_node(texts)
+    order_rank_dirs(job.rank_dir, layout["global_ranks_by_node"])
+    with open(job.log, "a") as f:
+        for i, t in enumerate(texts):
+            f.write(f"===== node {i} ({nodes.names[i]}): torchrun agent and its ranks =====\n{t}")
+    for p in agent_logs:
+        p.unlink(missing_ok=True)
+    if out.killed:
+        _say(job.log, f"no result after {out.elapsed:.0f} s: killed every node's process group", echo)
+    return out
+
+
 def run_measurement(spec: dict, result: str | os.PathLike, rank_logs: str | os.PathLike, nodes: TwoNodes,
                     placement: Placement, *, python: str = sys.executable, lock_dir: str | None = None,
                     lock_wait_s: float = 300, echo=None, on_start=None) -> Run:
@@ -291,43 +336,12 @@ def run_measurement(spec: dict, result: str | os.PathLike, rank_logs: str | os.P
         job.fail(str(e))
         return Run("failed", json.loads(job.result.read_text()), job.result, job.log, 0.0, [], None,
                    False, layout, cmds)
-    limit, grace = float(spec["limit_s"]), float(spec.get("grace_s", 15))
-    n, done, pids, t0 = launches.count(spec), [], [], time.monotonic()
-    out, codes = None, []
+    t0 = time.monotonic()
     try:
         with held:
-            _say(job.log, f"{job.label} on the two-node stand-in ({nodes.tbf.rate_bps / 1e9:g} Gbit/s link), "
-                          f"limit {limit:g} s per launch, {n} launch(es), cores {held.names}", echo)
-            for i, c in enumerate(cmds):
-                _say(job.log, f"node {i} $ {' '.join(c)}")
-            for li in range(1, n + 1):
-                produced, label = watchdog.launch_path(job, li, n), (f"launch {li}/{n}: " if n > 1 else "")
-                argv = [[a.replace(str(job.result), str(produced)) for a in c] for c in cmds]
-                for p in agent_logs:
-                    p.write_text("")
-                out, procs = supervise_all(argv, envs, agent_logs, limit, grace, held.fds, on_start)
-                pids += [p.pid for p in procs]
-                codes = [p.returncode for p in procs]
-                left = sweep_namespaces(nodes.names[:len(cmds)])
-                if left:
-                    _say(job.log, f"killed {len(left)} process(es) still inside the namespaces: {left}", echo)
-                    out = dataclasses.replace(out, stray=True)
-                texts = [p.read_text(errors="replace") for p in agent_logs]
-                layout["global_ranks_by_node"] = ranks_by_node(texts)
-                order_rank_dirs(job.rank_dir, layout["global_ranks_by_node"])
-                with open(job.log, "a") as f:
-                    for i, t in enumerate(texts):
-                        f.write(f"===== node {i} ({nodes.names[i]}): torchrun agent and its ranks =====\n{t}")
-                for p in agent_logs:
-                    p.unlink(missing_ok=True)
-                if out.killed:
-                    _say(job.log, f"no result after {out.elapsed:.0f} s: killed every node's process group", echo)
-                if (r := watchdog.record_outcome(job, out, produced, label)) is None:
-                    break
-                done.append(r)
-            else:
-                watchdog.finish(job, done)
+            out, codes, pids = _launches(job, spec, cmds, envs, agent_logs, nodes, held, layout, echo, on_start)
     finally:
+        n = launches.count(spec)
         for li in range(1, n + 1):
             if (p := watchdog.launch_path(job, li, n)) != job.result:
                 p.unlink(missing_ok=True)
