@@ -298,3 +298,18 @@ def test_a_bad_fabric_file_gets_one_line_naming_it(tmp_path, body, why):
         cli.main(["forecast", str(ROOT / "reference" / "h200"), "--no-book", "--fabric", str(bad)])
     msg = str(e.value)
     assert msg.startswith(f"dpscale forecast: {bad}") and why in msg and "\n" not in msg
+
+
+def test_the_two_node_stand_in_is_predicted_from_one_node_and_its_link():
+    """reference/cpu2-twonode (two network namespaces joined by a 500 Mbit/s tbf link,
+    one gloo rank each): the k=2 point across the link predicted from k=1's compute and
+    the link's all-reduce sweep alone, inside its band; communication over half the step."""
+    from dpscale.report import forecast as fcr
+    from dpscale.report.machines import load_reference
+    m = load_reference(ROOT / "reference" / "cpu2-twonode")
+    rows = fcr.of_machine(m, [m], CFG, fit.Given())["validation"]
+    r = next(x for x in rows if x["k"] == 2 and x["rule"] == "at_k")
+    assert r["nodes"] == 2 and not check.leaks(r)
+    assert {u.kind for u in r["used"]} == {"throughput", "internode sweep"}
+    assert r["predicted_lo"] <= r["measured"] <= r["predicted_hi"] and abs(r["error_points"]) < 5, r
+    assert r["measured_overhead_ms"] > r["compute_ms"] * 0.8   # communication over ~half the step

@@ -59,7 +59,14 @@ def sweep(r: dict, k: int):
     rows = table.get("in_place") or table.get("out_of_place") or []
     return Sweep(tuple(float(x["bytes"]) for x in rows),
                  tuple(x.get("time_us_median", x.get("time_us")) / 1e6 for x in rows), k, nodes_of(r),
-                 tuple(x.get("time_us_cv") for x in rows), r.get("_path", ""))
+                 tuple(median_rse(x) for x in rows), r.get("_path", ""))
+
+
+def median_rse(row: dict) -> float | None:
+    """The relative standard error of a payload's median time over its calls: sqrt(pi/2)
+    x cv / sqrt(calls) (the median of n normal draws); None where the row has no spread."""
+    cv, n = row.get("time_us_cv"), row.get("iters")
+    return 1.2533 * cv / n ** 0.5 if cv is not None and n else None
 
 
 def parts(results: dict, family: str, params_hint: float | None) -> dict:

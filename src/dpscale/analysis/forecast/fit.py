@@ -72,7 +72,7 @@ def _pick(ks, k: int, rule: str) -> int | None:
 
 
 def fit_sweep(sw: Sweep, rng=None) -> fc.Fabric:
-    b, t = sw.draw(rng)
+    b, t = sw.window().draw(rng)
     return fc.fit_fabric(b, t, sw.k, f"all-reduce sweep at k={sw.k}")
 
 
@@ -98,11 +98,14 @@ def internode(s: Series, k: int, rule: str, given: Given, intra: fc.Fabric | Non
     sw = s.internode
     if sw is not None and not (rule == "below_k" and sw.k >= k):
         g = max(1, sw.k // sw.nodes)
-        b, t = sw.draw(rng)
         inner = intra or fc.Fabric(0.0, float("inf"), g, "none")
-        fab = fc.fit_internode(b, t, sw.nodes, g, inner, f"the measured link: {sw.nodes} nodes x {g}")
+        what = f"the measured link: {sw.nodes} nodes x {g}"
+        try:
+            fab = fc.fit_internode(*sw.window().draw(rng), sw.nodes, g, inner, what)
+        except ValueError:   # a bootstrap draw with no bandwidth in it: the sweep as measured
+            fab = fc.fit_internode(*sw.window().draw(), sw.nodes, g, inner, what)
         return fab, [Used("internode sweep", sw.k, f"{sw.nodes} nodes")]
-    if given.inter is not None:
+    if given.inter is not None and rule == "any":   # another cluster's link never checks this machine's
         return given.inter, [Used("fabric file", None, given.source)]
     return None, []
 

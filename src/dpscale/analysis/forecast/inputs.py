@@ -59,18 +59,30 @@ class Sweep:
     time_s: tuple[float, ...]
     k: int
     nodes: int = 1
-    cv: tuple[float | None, ...] = ()              # per payload, the calls' spread
+    rse: tuple[float | None, ...] = ()             # per payload, its time's relative standard error
     source: str = ""
 
+    def window(self, min_bytes: float = 2**20) -> "Sweep":
+        """The payloads of min_bytes and up (DDP's first bucket: the smallest the forecast
+        asks about; below it launch latency and a shaper's burst rule the time), where
+        two or more are; else the whole sweep (fabric_file.fabric_tiers does the same)."""
+        keep = [i for i, b in enumerate(self.bytes) if b >= min_bytes]
+        if len(keep) < 2 or len(keep) == len(self.bytes):
+            return self
+        pick = lambda xs: tuple(xs[i] for i in keep) if xs else xs   # noqa: E731
+        return Sweep(pick(self.bytes), pick(self.time_s), self.k, self.nodes, pick(self.rse), self.source)
+
     def draw(self, rng=None) -> tuple[list[float], list[float]]:
-        """(bytes, seconds): as measured, or resampled over payloads with each time
-        jittered by its own calls' spread."""
+        """(bytes, seconds): as measured, or resampled over payloads (keeping two sizes at
+        least) with each time jittered by its own relative standard error."""
         b, t = list(self.bytes), list(self.time_s)
         if rng is None:
             return b, t
         idx = rng.integers(0, len(b), len(b)) if len(b) > 2 else range(len(b))
-        cv = list(self.cv) or [None] * len(b)
-        return [b[i] for i in idx], [t[i] * max(0.05, 1 + (cv[i] or 0.0) * rng.standard_normal()) for i in idx]
+        if len({b[i] for i in idx}) < 2:
+            idx = range(len(b))
+        rse = list(self.rse) or [None] * len(b)
+        return [b[i] for i in idx], [t[i] * float(np.exp((rse[i] or 0.0) * rng.standard_normal())) for i in idx]
 
 
 @dataclass(frozen=True)
