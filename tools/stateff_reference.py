@@ -29,13 +29,14 @@ def throughput(root: Path, ks) -> dict:
     f = json.loads((root / "report/forecast.json").read_text())
     level = f["settings"]["band_level"]
     m = f["machines"][0]
-    s = next(s for s in m["series"] if s["framework"] == "ddp" and s["variant"] == "cached")
+    s = next(s for s in m["series"] if s["family"] == "torch" and s["variant"] == "cached")
     b = s["per_rank_batch"]
     out = {}
     for r in s["rows"]:
         if r["k"] in ks:
             v = lambda ms: r["k"] * b / (ms / 1e3)
-            out[r["k"]] = {"value": v(r["weak_step_ms"]), "lo": v(r["weak_step_ms_hi"]), "hi": v(r["weak_step_ms_lo"]),
+            ms = r["weak_step_ms"]   # a measured row (k=1) has no band of its own
+            out[r["k"]] = {"value": v(ms), "lo": v(r.get("weak_step_ms_hi", ms)), "hi": v(r.get("weak_step_ms_lo", ms)),
                            "level": level, "source": "measured" if r["point"] == "measured" else "forecast"}
     return out
 

@@ -98,17 +98,15 @@ def allreduce(data: ReportData):
     ax.set_title("busbw = S/t x 2(k-1)/k")
     axt.set_ylabel("time per all-reduce, us (log)")
     axt.set_title("time against payload")
-    entries = kit.machine_entries(data, [m for m in data.machines if m.variants("allreduce")])
-    entries += kit.style_entries([("-", "NCCL default"), ("--", "NCCL_SHM_USE_CUDA_MEMCPY=1")])
-    entries += kit.marker_entries([(kit.K_MARKER.get(k, "v"), f"k={k}") for k in sorted({k for _v, k in used})])
-    entries += kit.marker_entries([("X", "a wrong sum at this size")], color="#b71c1c")
-    kit.legend(fig, entries, ncol=3)
+    kit.key(fig, data, [m for m in data.machines if m.variants("allreduce")],
+            styles=[("-", "NCCL default"), ("--", "NCCL_SHM_USE_CUDA_MEMCPY=1")],
+            markers=[(kit.K_MARKER.get(k, "v"), f"k={k}") for k in sorted({k for _v, k in used})],
+            extra=kit.marker_entries([("X", "a wrong sum at this size")], color="#b71c1c"))
     return fig
 
 
 def bucket_sweep(data: ReportData):
-    fig, axes = kit.new(height=4.2)
-    ax = axes[0, 0]
+    fig, ax = kit.panel(4.2)
     used = []
     for m in data.measured:
         for k in m.ks("ddp_bucket_sweep"):

@@ -31,17 +31,14 @@ def ddp_vs_jax(data: ReportData):
     ae.axhline(100, color="gray", ls=":", lw=1)
     ae.set_ylim(0, 115)
     ae.set_title("efficiency: the comparison that holds")
-    entries = kit.machine_entries(data, [m for m in data.machines if m.variants("ddp_weak") or m.variants("jax_weak")])
-    entries += kit.style_entries([("-", "PyTorch DDP, one process per device"),
-                                  ("--", "JAX jit + NamedSharding, one process")])
-    entries += kit.marker_entries([(kit.style_of(v)[1], v) for v in dict.fromkeys(drawn)])
-    kit.legend(fig, entries, ncol=3)
+    kit.key(fig, data, [m for m in data.machines if m.variants("ddp_weak") or m.variants("jax_weak")],
+            styles=[("-", "PyTorch DDP, one process per device"), ("--", "JAX jit + NamedSharding, one process")],
+            markers=[(kit.style_of(v)[1], v) for v in dict.fromkeys(drawn)])
     return fig
 
 
 def jax_hlo(data: ReportData):
-    fig, axes = kit.new(height=3.8)
-    ax = axes[0, 0]
+    fig, ax = kit.panel(3.8)
     used = []
     for m in data.machines:
         for r in (r for r in m.all("jax_hlo") if ok(r)):

@@ -64,6 +64,19 @@ def new(ncols: int = 1, nrows: int = 1, height: float = 4.2, **kw):
     return fig, axes
 
 
+def key(fig, data: ReportData, machines, styles=(), markers=(), extra=(), ncol: int = 3) -> None:
+    """The legend under a figure: one colour per machine, then line styles [(ls, label)],
+    markers [(marker, label)] in grey, and any other entries."""
+    kit_entries = machine_entries(data, machines) + style_entries(list(styles)) + marker_entries(list(markers))
+    legend(fig, kit_entries + list(extra), ncol=ncol)
+
+
+def panel(height: float = 4.2):
+    """(fig, ax): a figure of one panel."""
+    fig, axes = new(height=height)
+    return fig, axes[0, 0]
+
+
 def stacked(machines: list, rows: list[int], draw, empty_text: str, row_in: float, pad_in: float = 0.4,
             base_in: float = 1.0):
     """One panel per machine, stacked, each as tall as its number of rows; draw(ax, m)."""

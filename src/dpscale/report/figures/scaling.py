@@ -49,8 +49,7 @@ def draw_series(ax, data: ReportData, experiment: str, value: str = "mean", idea
 
 
 def _throughput(data: ReportData, experiment: str):
-    fig, axes = kit.new(height=4.6)
-    ax = axes[0, 0]
+    fig, ax = kit.panel(4.6)
     ks, variants = draw_series(ax, data, experiment)
     if not variants:
         kit.empty(ax, f"No {experiment} measurement produced a number on any machine.")
