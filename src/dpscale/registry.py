@@ -55,6 +55,10 @@ class Variant:
     # the same step runs without the GPU-only ones (dpscale.measure.torch_tta.step_options).
     # Planned everywhere, unlike `tuned`; None: the book's fp32 eager step everywhere.
     step: Mapping[str, object] | None = None
+    # A time-to-accuracy variant's samples/s: the ddp_weak variants that run its step, the
+    # first one measured taken (the tuned series where the tuned step ran; on a CPU, where
+    # the step loses its GPU-only parts and tuned is not planned, the book's loop).
+    rate_from: tuple[str, ...] = ()
 
     def meaning(self) -> dict:
         """What a worker must know of the variant beyond the protocol: carried by the spec
@@ -124,13 +128,13 @@ MEMCPY = Variant("memcpy", "NCCL_SHM_USE_CUDA_MEMCPY=1 (and NCCL_P2P_DISABLE=1)"
 # there it is planned and skipped, and costs the smoke DAG nothing.
 TTA_STEP = MappingProxyType({key: v for key, v in TORCH_TUNED.options.items() if key != "data"})
 TTA_BOOK = Variant("book", "SGD lr 0.1 at every global batch, no momentum (the book's loop); the tuned step on GPUs",
-                   book=True, lr_scaling="constant", step=TTA_STEP)
+                   book=True, lr_scaling="constant", step=TTA_STEP, rate_from=("tuned", "cached", "seed"))
 TTA_LINEAR = Variant("linear", "lr 0.1 x k after a linear warm-up of tta_warmup_epochs (Goyal et al. 2017); "
                                "the tuned step on GPUs",
                      extra_protocol=("tta_warmup_epochs",), min_k=2, same_below="book", lr_scaling="linear",
-                     step=TTA_STEP)
+                     step=TTA_STEP, rate_from=("tuned", "cached", "seed"))
 TTA_BOOK_FP32 = Variant("book_fp32", "the book's loop as written: SGD lr 0.1, fp32, eager (k=1 only)",
-                        lr_scaling="constant", max_k=1, requires=("gpu",))
+                        lr_scaling="constant", max_k=1, requires=("gpu",), rate_from=("cached", "seed"))
 MEMCPY_TRAINING = Variant("default", "DDP training with NCCL_SHM_USE_CUDA_MEMCPY=1", nccl_only=True,
                           env=MEMCPY_ENV)
 

@@ -29,7 +29,12 @@ from dpscale.analysis import stateff, stats
 CLOCK = "evaluation on the clock"
 TRAIN = "training only"
 SEEDS = stateff.SEEDS
-THROUGHPUT_VARIANTS = ("cached", "seed")   # the book's fp32 loop: device-resident data first
+
+
+def rate_variants(rule: str) -> tuple[str, ...]:
+    """The ddp_weak variants whose step is this LR rule's (registry: Variant.rate_from)."""
+    exp = registry.get("ddp_tta")
+    return exp.variant(rule).rate_from if rule in exp.variant_names() else ("cached", "seed")
 
 
 def _m(r: dict | None) -> dict:
@@ -149,11 +154,11 @@ def same_protocol(p: dict, per_rank_batch, image_size) -> bool:
                for a, b in ((p["per_rank_batch"], per_rank_batch), (p["image_size"], image_size)))
 
 
-def measured_rate(m, p: dict, k: int) -> dict | None:
-    """samples/s of this machine's weak scaling at k (the book's loop: cached, else seed),
+def measured_rate(m, p: dict, k: int, variants: tuple[str, ...]) -> dict | None:
+    """samples/s of this machine's weak scaling at k (the first of `variants` measured),
     the mean over launches (or timed epochs) with its 95% interval."""
     from dpscale.report.numbers import point as tpoint, spread
-    for v in THROUGHPUT_VARIANTS:
+    for v in variants:
         r = m.get("ddp_weak", v, k)
         if ok(r) and same_protocol(p, _m(r).get("per_rank_batch"), (r.get("data") or {}).get("image_size")):
             value, lo, hi = tpoint(r)
@@ -182,11 +187,11 @@ def own_rate(p: dict) -> dict | None:
             "source": "measured (the time-to-accuracy launches)", "covers": SEEDS}
 
 
-def forecast_series(m, fc: dict | None, p: dict) -> dict | None:
-    """The throughput forecast's DDP series at time to accuracy's protocol (cached, else
-    seed), or None."""
+def forecast_series(m, fc: dict | None, p: dict, variants: tuple[str, ...]) -> dict | None:
+    """The throughput forecast's DDP series at time to accuracy's protocol (the first of
+    `variants` it has), or None."""
     by = {s["variant"]: s for s in (fc or {}).get("series", []) if s["family"] == "torch"}
-    for v in THROUGHPUT_VARIANTS:
+    for v in variants:
         s, r1 = by.get(v), m.get("ddp_weak", v, 1)
         if s and same_protocol(p, s.get("per_rank_batch"), (r1 or {}).get("data", {}).get("image_size")):
             return s
@@ -206,17 +211,17 @@ def forecast_rate(s: dict | None, level: float, k: int) -> dict | None:
             "nodes": row.get("nodes", 1)}
 
 
-def rates(m, fc: dict | None, points: list[dict], ks) -> dict[int, dict]:
-    """samples/s(k) for every k wanted: measured by the weak-scaling runs, else by the
-    time-to-accuracy launches at a real k, else the throughput forecast; a k with none
-    is left out (not measured)."""
-    ref = points[0]
-    s = forecast_series(m, fc, ref)
+def rates(m, fc: dict | None, points: list[dict], ks, rule: str) -> dict[int, dict]:
+    """samples/s(k) for every k wanted, of the rule's step: measured by the weak-scaling
+    runs, else by the time-to-accuracy launches at a real k, else the throughput
+    forecast; a k with none is left out (not measured)."""
+    ref, variants = points[0], rate_variants(rule)
+    s = forecast_series(m, fc, ref, variants)
     level = ((fc or {}).get("config") or {}).get("band_level", 0.9)
     by_k = {p["k"]: p for p in points}
     out = {}
     for k in sorted(set(ks)):
-        got = measured_rate(m, ref, k) or (own_rate(by_k[k]) if k in by_k else None) or forecast_rate(s, level, k)
+        got = measured_rate(m, ref, k, variants) or (own_rate(by_k[k]) if k in by_k else None) or forecast_rate(s, level, k)
         if got and got["value"]:
             out[k] = got
     return out
@@ -400,7 +405,7 @@ def of_rule(m, rule: str, fc: dict | None) -> dict | None:
         return None
     e = eval_per_sample(pts)
     ks = sorted({p["k"] for p in pts} | set(grid_ks(fc)))
-    thr = rates(m, fc, pts, ks)
+    thr = rates(m, fc, pts, ks, rule)
     base = next((p for p in pts if p["k"] == 1 and p["scored"]), None)
     for p in pts:
         p.update(timing(p, base, e, thr.get(p["k"]), thr.get(1)))
