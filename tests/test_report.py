@@ -329,23 +329,31 @@ def test_time_to_accuracy_interpolates_fits_checks_and_forecasts(built):
 
 
 def test_the_reference_h200_series_reads_as_the_analysis_gives_it():
-    """reference/h200's book rule through the report's reading (interpolated crossings
-    on the stored curves): the numbers stateff's own pin gives."""
+    """reference/h200's book rule through the report's reading equals stateff applied
+    to the committed results by hand: each seed's interpolated crossing on its stored
+    curve (the evaluations' own time taken out), statistical efficiency with Fieller's
+    interval, MLPerf's ratio of the results' own scores, the E(B) fit over every seed;
+    k=1's samples/s is the tuned series' (the step time to accuracy runs on a GPU)."""
+    from dpscale.analysis import stateff
     from dpscale.report import tta
     from dpscale.report.machines import load_reference
+    runs = {int(f.stem[1:]): json.loads(f.read_text())["metrics"]
+            for f in (ROOT / "reference/h200/runs/ddp_tta/book").glob("k*.json")}
     rule = tta.of_machine(load_reference(ROOT / "reference" / "h200"), None)["rules"]["book"]
     p = {q["k"]: q for q in rule["points"]}
-    for k, (v, lo, hi) in {2: (0.715, 0.549, 0.907), 4: (0.463, 0.356, 0.588)}.items():
+    assert sorted(p) == sorted(runs) == [1, 2, 4, 8]
+    seeds = {k: [r["samples"] for r in stateff.seed_rows(m["runs"], m["target_accuracy"], m["train_images"],
+                                                        eval_correction=True)] for k, m in runs.items()}
+    for k in (2, 4, 8):
+        e = stateff.statistical_efficiency(seeds[1], seeds[k])
         got = (p[k]["statistical_efficiency"], p[k]["statistical_efficiency_lo"], p[k]["statistical_efficiency_hi"])
-        assert got == pytest.approx((v, lo, hi), abs=0.0006), (k, got)
-    assert p[2]["statistical_efficiency_mlperf"] == pytest.approx(170154.67 / 230229.33)   # MLPerf's scores
-    assert not p[8]["scored"] and p[2]["emulated"] and p[1]["samples_per_s_source"] == "measured (ddp_weak cached)"
-    n = 60000
-    assert rule["fit"]["E_min"]["value"] / n == pytest.approx(1.63, abs=0.005)
-    assert rule["fit"]["B_crit"]["value"] == pytest.approx(406, abs=0.5)
-    four = next(h for h in rule["holdout"] if h["k"] == 4)
-    assert (four["predicted_epochs"], four["measured_epochs"]) == pytest.approx((5.83, 5.73), abs=0.005)
-    assert four["inside_band"] is True
+        assert got == pytest.approx((e["value"], e["ci_lo"], e["ci_hi"])), (k, got, e)
+        assert p[k]["statistical_efficiency_mlperf"] == pytest.approx(
+            runs[1]["samples_to_target"] / runs[k]["samples_to_target"])
+    assert p[1]["samples_per_s_source"] == "measured (ddp_weak tuned)" and all(p[k]["emulated"] for k in (2, 4, 8))
+    fit = stateff.fit_batch_model({runs[k]["global_batch"]: seeds[k] for k in runs})
+    assert rule["fit"]["B_crit"]["value"] == pytest.approx(fit["B_crit"]["value"])
+    assert rule["fit"]["E_min"]["value"] == pytest.approx(fit["E_min"]["value"])
 
 
 def test_the_summary_ends_with_the_report_and_names_failures(built):
