@@ -57,9 +57,13 @@ UNITS = (
     (r"(^|_)MiB(_|$)", "MiB"),
     (r"(^|_)MB(_|$)", "MB"),
     (r"(^|_)GB$", "GB"),
-    (r"^seconds_to_target|^eval_s_", "s"),                         # time to accuracy (MLPerf's clock)
-    (r"^(predicted_)?samples_to_target|_every_samples$|^b_(simple|crit)", "samples"),
-    (r"(^epochs_to_target|^max_epochs$|^warmup_epochs$)", "epochs"),
+    (r"^(interpolated_)?seconds_to_target|^eval_s_|_s_mean$", "s"),   # time to accuracy (MLPerf's clock)
+    (r"^(predicted_|interpolated_)?samples_to_target|_every_samples$|^b_(simple|crit)|^crossing_resolution_samples",
+     "samples"),
+    (r"(^(interpolated_)?epochs_to_target|^max_epochs$|^warmup_epochs$|^crossing_resolution_epochs)", "epochs"),
+    (r"^noise_(g2|trace)_grad_sq$", "1"),   # squared gradient norms of a dimensionless loss
+    (r"(^evaluations_total$|^noise_steps$)", "count"),
+    (r"^eval_near_margin$", "1"),           # accuracy
     (r"^image_size$", "px"),
     (r"(^lr_(base|peak)$|^target_accuracy$)", "1"),
     (r"(^processes$|^ranks_per_process$|_images$)", "count"),
