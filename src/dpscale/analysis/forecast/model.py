@@ -209,8 +209,14 @@ def _buckets_time(total, n, k, per_node, alpha, beta, inter, algo) -> float:
 
 
 def bucket_times(m: StepModel, k: int) -> list[float]:
-    """Seconds of each of DDP's buckets' all-reduces at k, in DDP's launch order."""
-    return [allreduce_time(m.with_(buckets=(b,)), k) for b in m.buckets]
+    """Seconds of each of DDP's buckets' all-reduces at k, in DDP's launch order: what
+    allreduce_time gives a model of that one bucket (built here without copying the
+    model per bucket: the report's bootstrap bands call this some 10^5 times)."""
+    if k <= 1 or m.fabric is None:
+        return [0.0] * len(m.buckets)
+    inter = (m.internode.alpha_s, m.internode.beta_Bps) if m.internode and k > m.per_node else None
+    return [_buckets_time(float(b), 1, k, m.per_node, m.fabric.alpha_s, m.fabric.beta_Bps, inter, ring_time)
+            for b in m.buckets]
 
 
 def simulated_exposed(m: StepModel, k: int, batch: float) -> float:
