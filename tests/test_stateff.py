@@ -361,5 +361,5 @@ def test_the_h200_reference_series():
     assert holdout[4]["from_ks"] == [1, 2] and holdout[8]["from_ks"] == [1, 2, 4]
     assert all(h["inside_band"] and h["band_lo"] < h["predicted_epochs"] < h["band_hi"] for h in holdout.values())
     for k in (2, 4, 8):
-        e = pts[k]["statistical_efficiency"] if "statistical_efficiency" in pts[k] else None
+        e = pts[k].get("statistical_efficiency")
         assert e is not None and pts[k]["statistical_efficiency_lo"] < e < pts[k]["statistical_efficiency_hi"]

@@ -127,12 +127,13 @@ MEMCPY = Variant("memcpy", "NCCL_SHM_USE_CUDA_MEMCPY=1 (and NCCL_P2P_DISABLE=1)"
 # a CPU runs the book's step anyway (its share of the tuned step is fp32 and eager), so
 # there it is planned and skipped, and costs the smoke DAG nothing.
 TTA_STEP = MappingProxyType({key: v for key, v in TORCH_TUNED.options.items() if key != "data"})
+TTA_STEP_RATE = ("tuned", "cached", "seed")   # Variant.rate_from of the rules that train with TTA_STEP
 TTA_BOOK = Variant("book", "SGD lr 0.1 at every global batch, no momentum (the book's loop); the tuned step on GPUs",
-                   book=True, lr_scaling="constant", step=TTA_STEP, rate_from=("tuned", "cached", "seed"))
+                   book=True, lr_scaling="constant", step=TTA_STEP, rate_from=TTA_STEP_RATE)
 TTA_LINEAR = Variant("linear", "lr 0.1 x k after a linear warm-up of tta_warmup_epochs (Goyal et al. 2017); "
                                "the tuned step on GPUs",
                      extra_protocol=("tta_warmup_epochs",), min_k=2, same_below="book", lr_scaling="linear",
-                     step=TTA_STEP, rate_from=("tuned", "cached", "seed"))
+                     step=TTA_STEP, rate_from=TTA_STEP_RATE)
 TTA_BOOK_FP32 = Variant("book_fp32", "the book's loop as written: SGD lr 0.1, fp32, eager (k=1 only)",
                         lr_scaling="constant", max_k=1, requires=("gpu",), rate_from=("cached", "seed"))
 MEMCPY_TRAINING = Variant("default", "DDP training with NCCL_SHM_USE_CUDA_MEMCPY=1", nccl_only=True,

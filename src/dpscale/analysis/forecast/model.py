@@ -193,10 +193,13 @@ def allreduce_time(m: StepModel, k: int, algo=None) -> float:
     algo: ring_time (read when called) or tree_time."""
     if k <= 1 or m.fabric is None or not m.buckets:
         return 0.0
-    algo = algo or ring_time
+    return _buckets_time(float(sum(m.buckets)), len(m.buckets), *_fabric_at(m, k), algo or ring_time)
+
+
+def _fabric_at(m: StepModel, k: int) -> tuple:
+    """_buckets_time's arguments after the buckets: (k, per_node, alpha, beta, inter)."""
     inter = (m.internode.alpha_s, m.internode.beta_Bps) if m.internode and k > m.per_node else None
-    return _buckets_time(float(sum(m.buckets)), len(m.buckets), k, m.per_node, m.fabric.alpha_s,
-                         m.fabric.beta_Bps, inter, algo)
+    return k, m.per_node, m.fabric.alpha_s, m.fabric.beta_Bps, inter
 
 
 @lru_cache(maxsize=65536)
@@ -214,9 +217,8 @@ def bucket_times(m: StepModel, k: int) -> list[float]:
     model per bucket: the report's bootstrap bands call this some 10^5 times)."""
     if k <= 1 or m.fabric is None:
         return [0.0] * len(m.buckets)
-    inter = (m.internode.alpha_s, m.internode.beta_Bps) if m.internode and k > m.per_node else None
-    return [_buckets_time(float(b), 1, k, m.per_node, m.fabric.alpha_s, m.fabric.beta_Bps, inter, ring_time)
-            for b in m.buckets]
+    at = _fabric_at(m, k)
+    return [_buckets_time(float(b), 1, *at, ring_time) for b in m.buckets]
 
 
 def simulated_exposed(m: StepModel, k: int, batch: float) -> float:
