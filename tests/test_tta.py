@@ -195,6 +195,49 @@ def test_the_noise_probe_changes_no_parameter_bit(real_k2):
     assert real_k2["bits"] == {"w2m2": 0.0, "w1m2": 0.0}
 
 
+def _trained(tr, steps: int = 3, m: int = 2, b: int = 4) -> dict:
+    """steps on fixed random batches (16 px), then the network's state."""
+    g = torch.Generator().manual_seed(7)
+    for _ in range(steps):
+        X = torch.randint(0, 256, (m * b, 16, 16), generator=g, dtype=torch.uint8)
+        tr.step(tr.inputs(X), torch.randint(0, 10, (m * b,), generator=g), 0.1)
+    return {k: v.detach().clone() for k, v in tr.net().state_dict().items()}
+
+
+@pytest.mark.parametrize("tuned", [True, False])
+def test_a_reseeded_trainer_trains_as_a_fresh_one(monkeypatch, tuned):
+    """One job's seeds share one Trainer (one compile, one captured graph on a GPU):
+    seed 1 trained, then reseed(2), trains bit for bit as a Trainer built for seed 2, in
+    the same tensors (a graph reads those); without the copy (the mutation) it does not.
+    CPU, emulated k=2 with the noise probe: the step a CPU runs (the tuned step's CPU part,
+    and the book's)."""
+    import torch.distributed as dist
+    from types import SimpleNamespace
+    from dpscale import registry
+    from dpscale.measure import torch_tta
+    opts = {k: v for k, v in registry.TTA_STEP.items() if k not in torch_tta.GPU_ONLY} if tuned else None
+    ctx = SimpleNamespace(device=torch.device("cpu"), cuda=False, local_rank=0, rank=0, spec={"config": {}})
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        tr = torch_tta.Trainer(ctx, 1, 2, 4, opts, probe_capacity=8)
+        ptrs = {k: v.data_ptr() for k, v in tr.net().state_dict().items()}
+        _trained(tr)
+        tr.reseed(2)
+        assert {k: v.data_ptr() for k, v in tr.net().state_dict().items()} == ptrs
+        assert tr.probe.pending == 0
+        again = _trained(tr)
+        fresh = _trained(torch_tta.Trainer(ctx, 2, 2, 4, opts, probe_capacity=8))
+        assert again.keys() == fresh.keys() and all(torch.equal(again[k], fresh[k]) for k in fresh)
+        real = torch_tta.seeded_net
+        monkeypatch.setattr(torch_tta, "seeded_net", lambda seed, o, dev: real(1, o, dev))
+        stale = torch_tta.Trainer(ctx, 1, 2, 4, opts, probe_capacity=8)
+        _trained(stale)
+        stale.reseed(2)   # the mutation: seed 1's weights copied in
+        assert not all(torch.equal(v, fresh[k]) for k, v in _trained(stale).items())
+    finally:
+        dist.destroy_process_group()
+
+
 def test_an_epochs_order_is_distributed_samplers_interleaving():
     """epoch_order's row s = the shards of this process's ranks at step s, in rank order:
     rank r's batch perm[r::k][s*b:(s+1)*b], as the book's DistributedSampler gives it."""
@@ -297,7 +340,8 @@ def test_a_settled_point_launches_no_more_seeds(monkeypatch):
         return {"seed": seed, "converged": seed > 2, "eval_s": 0.1, "evaluations": 1, "eval_s_max": 0.1, "clock_s": 1.0,
                 "cuda_graph": False, "warmup_s": 0.0, "crossing_resolution_samples": None,
                 **{f"{m}_to_target": None if seed <= 2 else 1.0 for m in tta.MEASURES + tta.INTERPOLATED}}
-    monkeypatch.setattr(torch_tta, "one_launch", launch)
+    monkeypatch.setattr(torch_tta, "one_launch", lambda ctx, seed, tr: launch(ctx, seed))
+    monkeypatch.setattr(torch_tta, "trainer", lambda ctx, seed, tr: None)
     ctx = SimpleNamespace(proto=TTA_TINY, spec={"k": 1, "variant": "book", "config": {"variant": {"lr_scaling": "constant"}}},
                           world=1, rank=0)
     m = torch_tta.exp_tta(ctx)

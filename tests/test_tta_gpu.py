@@ -77,6 +77,36 @@ def test_the_warm_up_before_the_clock_puts_the_seeded_weights_back(nccl_rank0):
     assert tr.graphed.graph is not None and tr.warmup_s > 0 and tr.probe.pending == 0
 
 
+def test_a_reseeded_graphed_trainer_replays_the_new_seed(nccl_rank0):
+    """One capture for a job's seeds: a graphed Trainer warmed up and trained at seed 3,
+    reseeded to 4, holds seed 4's initial state bit for bit in the same tensors, keeps its
+    graph, and trains as a fresh seed-4 Trainer (the same compiled step uncaptured: the
+    tolerance of the test above)."""
+    from dpscale.measure import torch_tta
+    dev, ctx = nccl_rank0, SimpleNamespace(cuda=True, device=nccl_rank0, rank=0)
+    tr = _trainer(dev, 2, graph=True)
+    tr.warm_up(ctx, SIZE, BATCH, 1000)
+    graph, ptrs = tr.graphed.graph, {k: v.data_ptr() for k, v in tr.net().state_dict().items()}
+    g = torch.Generator(device=dev).manual_seed(0)
+    batches = [(torch.randint(0, 256, (2 * BATCH, SIZE, SIZE), generator=g, device=dev, dtype=torch.uint8),
+                torch.randint(0, 10, (2 * BATCH,), generator=g, device=dev)) for _ in range(STEPS)]
+    for X, y in batches[:5]:
+        tr.step(tr.inputs(X), y, 0.1)
+    tr.reseed(4)
+    fresh = torch_tta.Trainer(SimpleNamespace(device=dev, cuda=True, local_rank=0, rank=0, spec={"config": {}}),
+                              4, 2, BATCH, _options(False))
+    start = {k: v.float() for k, v in torch_tta.seeded_net(4, _options(False), dev).state_dict().items()}
+    now = tr.net().state_dict()
+    assert all(torch.equal(now[k].float(), start[k]) and now[k].data_ptr() == ptrs[k] for k in start)
+    assert tr.graphed.graph is graph
+    for X, y in batches:
+        tr.step(tr.inputs(X), y, 0.1)
+        fresh.step(fresh.inputs(X), y, 0.1)
+    a, b = tr.net().state_dict(), fresh.net().state_dict()
+    for k in b:
+        assert torch.allclose(a[k].float(), b[k].float(), rtol=2e-2, atol=2e-3), k
+
+
 TINY_GPU = {"tta_image_size": 16, "tta_train_images": 256, "tta_test_images": 64, "tta_per_rank_batch": 16,
             "tta_target": 0.01, "tta_eval_every_samples": 64, "tta_eval_near_every_samples": 32,
             "tta_eval_near_margin": 0.05, "tta_max_epochs": 1, "tta_seeds": [1, 2, 3],
