@@ -14,6 +14,9 @@ memory up front, and peak-memory numbers would be meaningless).
 OUT.json is written atomically; an error exits non-zero and leaves no result.
 """
 import sys
+import time
+
+STARTED = time.time()   # the interpreter's start, before anything is imported
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the package beside the workflow
@@ -56,6 +59,9 @@ def main() -> None:
         from dpscale.run.command import jax_initialize
         jax_initialize(gpu=spec["backend"] == "xla-gpu")
     from dpscale.measure.jax_job import run   # imports jax: only after the environment is set
+    from dpscale.measure import timing
+    timing.mark_start("interpreter", STARTED)
+    timing.mark_start("imports")
 
     run(spec, args.result)
 

@@ -9,6 +9,9 @@ protocol numbers and input files. Rank 0 writes OUT.json atomically. A rank gets
 SIGKILL when its torchrun dies, however it dies.
 """
 import sys
+import time
+
+STARTED = time.time()   # torchrun's own start and this interpreter's, before anything is imported
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the package beside the workflow
@@ -19,7 +22,11 @@ import argparse
 import json
 
 from dpscale import registry
+from dpscale.measure import timing
 from dpscale.measure.torch_job import run
+
+timing.mark_start("torchrun and interpreter", STARTED)
+timing.mark_start("imports")
 
 listing = "\n".join(f"  {e.name:<20}{e.title} (variants {'|'.join(e.variant_names())})"
                     for e in registry.EXPERIMENTS.values() if e.family == "torch")

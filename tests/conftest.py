@@ -25,7 +25,7 @@ CPU_FP = {"gpu_model": None, "gpu_count": 0, "gpu_memory_MiB": None, "driver": N
           "python": "3.11", "torch": "2.14.1", "torchvision": "0.29.1", "jax": "0.10.2",
           "jaxlib": "0.10.2", "flax": "0.12.8", "optax": "0.2.8", "numpy": "2"}
 
-TINY = {"image_size": 16, "train_images": 64, "epochs": 2, "repeats": 2, "launches": 1, "per_rank_batch": 4, "global_batch": 8,
+TINY = {"image_size": 16, "train_images": 64, "epochs": 2, "warmup_steps": None, "repeats": 2, "launches": 1, "per_rank_batch": 4, "global_batch": 8,
         "loader_workers": 0, "probe_warmup": 1, "probe_pairs": 10, "allreduce_MiB": [0.0625, 0.25],
         "allreduce_warmup": 1, "allreduce_iters": 20, "bucket_cap_MiB": [1, 25], "sweep_steps": 2,
         "memcpy_timeout_s": 20}

@@ -143,6 +143,14 @@ def test_stamp_and_cost_fields_are_pure():
     assert "start_s" not in bare["metrics"]
     assert launches.cost_fields([bare], 3.5) == {"launch_s_launches": [3.0], "wall_s": 3.5}
     assert launches.cost_fields([r, bare], 12.0)["start_s_launches"] == [5.5, None]
+    staged = {"metrics": {"samples_per_s": 1.0, "first_timed_step_unix": 110.0,
+                          "start_marks_unix": {"interpreter": 101.0, "imports": 104.5, "model and data": 106.0}}}
+    m = launches.stamp(staged, 100.0, 12.0)["metrics"]
+    assert m["start_stages_s"] == {"interpreter": 1.0, "imports": 3.5, "model and data": 1.5, "warm-up": 4.0}
+    assert sum(m["start_stages_s"].values()) == m["start_s"] == 10.0 and "start_marks_unix" not in m
+    tta = launches.stamp({"metrics": {"tta_s": 1.0, "start_marks_unix": {"imports": 103.0}}}, 100.0, 5.0)
+    assert tta["metrics"] == {"tta_s": 1.0, "launch_s": 5.0}   # no first timed step: no start, no stages
+    assert launches.cost_fields([r, staged], 25.0)["start_stages_s_launches"] == [None, m["start_stages_s"]]
 
 
 # ---------------------------------------------------------------- real workers
@@ -156,6 +164,9 @@ def test_a_gloo_ddp_weak_job_records_each_launchs_start(tiny_data, tmp_path):
     assert len(m["start_s_launches"]) == 2 and all(0 < s < t for s, t in zip(m["start_s_launches"],
                                                                              m["launch_s_launches"]))
     assert m["start_s"] == m["start_s_launches"][m["representative_launch"] - 1]
+    for start, stages in zip(m["start_s_launches"], m["start_stages_s_launches"]):   # the worker's stages
+        assert list(stages) == ["torchrun and interpreter", "imports", "process group", "model and data", "warm-up"]
+        assert all(v >= 0 for v in stages.values()) and sum(stages.values()) == pytest.approx(start, abs=0.01)
     assert m["wall_s"] >= sum(m["launch_s_launches"]) and "first_timed_step_unix" not in m
     assert all("first_timed_step_unix" not in row for row in m["per_rank"])
     folder = tmp_path / "cache" / caches.folder_name(caches.key("torch", spec["fingerprint"]))
@@ -182,6 +193,8 @@ def test_a_second_jax_launch_loads_what_the_first_compiled(jax_two_launches):
     assert first["written"] > 0 and first["loaded"] == 0, first
     assert second["loaded"] == first["written"] and second["written"] == 0, second
     assert second["compile_s_saved"] > 0 and len(r["metrics"]["start_s_launches"]) == 2
+    for stages in r["metrics"]["start_stages_s_launches"]:
+        assert list(stages) == ["interpreter", "imports", "devices, data and model", "warm-up"], stages
     folder = root / caches.folder_name(caches.key("jax", spec["fingerprint"]))
     assert len(os.listdir(folder / "xla")) >= first["written"]
 
@@ -276,6 +289,7 @@ def test_the_cost_table_lists_each_job_its_launches_and_a_total():
         return {"experiment": exp, "variant": variant, "k": k, "status": status, "metrics": metrics}
     m = Machine("current", "current", "this run", {}, results={
         ("ddp_weak", "cached", 1): res("ddp_weak", "cached", 1, wall_s=30.5, start_s=9.0, start_s_launches=[12.0, 9.0],
+                                       start_stages_s={"imports": 4.0, "warm-up": 5.0},
                                        launch_s_launches=[15.0, 14.0], compile_cache_launches=[
                                            {"fx_graph_hits": 0, "fx_graph_misses": 3, "fx_graph_bypasses": 1}, None]),
         ("jax_weak", "device", 1): res("jax_weak", "device", 1, wall_s=20.0, launch_s_launches=[19.0],
@@ -287,6 +301,7 @@ def test_the_cost_table_lists_each_job_its_launches_and_a_total():
     rows = [[c.text for c in row] for row in t.rows]
     assert rows[0][:7] == ["this run", "ddp_weak/cached/k1", "ok", "30.5", "2", "12, 9", "15, 14"]
     assert rows[0][7] == "0 hits, 3 misses, 1 not cacheable; –" and rows[1][7] == "38 loaded, 0 compiled"
+    assert rows[0][8] == "imports 4, warm-up 5" and rows[1][8] == "–"
     assert rows[-1][1] == "all 2 jobs" and t.rows[-1][3].value == 50.5 and rows[-1][4] == "3"
     assert "this run: 1 result(s) measured before jobs recorded their cost" in t.note
     assert "cost" in provenance.CHAPTER.tables   # written as tables/cost.csv too

@@ -20,8 +20,9 @@ from dpscale.results import validate_result
 PROTO = {"train_images": 8, "per_rank_batch": 4}   # image_size 16, epochs 2, repeats 2 from conftest.TINY
 
 
-def run_ok(tiny_data, tmp_path, experiment, k, variant="default") -> dict:
-    rc, res, log = run_job(make_spec(tiny_data, experiment, k, variant, limit_s=180, proto=PROTO), tmp_path)
+def run_ok(tiny_data, tmp_path, experiment, k, variant="default", proto=None) -> dict:
+    rc, res, log = run_job(make_spec(tiny_data, experiment, k, variant, limit_s=180, proto={**PROTO, **(proto or {})}),
+                           tmp_path)
     assert rc == 0, log[-4000:]
     validate_result(res)
     assert res["status"] == "ok", res.get("reason")
@@ -84,18 +85,20 @@ def test_gpu_backend_without_gpus_fails_loudly(tiny_data, tmp_path):
 
 # ---------------------------------------------------------------- experiments
 
-@pytest.mark.parametrize("k, variant", [
-    (1, "host"), (1, "device"),
-    pytest.param(2, "host", marks=pytest.mark.multiproc),
-    pytest.param(2, "device", marks=pytest.mark.multiproc),
-    pytest.param(2, "tuned", marks=pytest.mark.multiproc),   # bf16 + donated jax.jit state
+@pytest.mark.parametrize("k, variant, warm", [
+    (1, "host", None), (1, "device", 5),   # warmup_steps 5: round an epoch of 2 steps again
+    pytest.param(2, "host", None, marks=pytest.mark.multiproc),
+    pytest.param(2, "device", None, marks=pytest.mark.multiproc),
+    pytest.param(2, "tuned", 3, marks=pytest.mark.multiproc),   # bf16 + donated jax.jit state
 ])
-def test_weak(tiny_data, tmp_path, k, variant):
-    m = run_ok(tiny_data, tmp_path, "jax_weak", k, variant)
+def test_weak(tiny_data, tmp_path, k, variant, warm):
+    m = run_ok(tiny_data, tmp_path, "jax_weak", k, variant, proto={"warmup_steps": warm})
     b, warmup, repeats = PROTO["per_rank_batch"], TINY["epochs"] - 1, TINY["repeats"]
     assert m["samples_per_s"] > 0 and m["samples_per_s_per_device"] == pytest.approx(m["samples_per_s"] / k)
     assert m["global_batch"] == k * b and m["steps_per_epoch"] == PROTO["train_images"] // (k * b)
-    assert [e["samples"] for e in m["epochs"]] == [m["steps_per_epoch"] * k * b] * (warmup + repeats)
+    warm_n = m["steps_per_epoch"] if warm is None else warm
+    assert m["warmup_steps"] == [warm] and [e["samples"] for e in m["epochs"]] == \
+        [warm_n * k * b] * warmup + [m["steps_per_epoch"] * k * b] * repeats
     # the book's warm-up epoch, then `repeats` timed ones: the first is the book's figure
     assert [e["repeat"] for e in m["epochs"]] == [None] * warmup + list(range(repeats))
     assert m["repeats"] == repeats and m["samples_per_s_repeats"][0] == m["samples_per_s"]

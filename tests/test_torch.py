@@ -29,10 +29,13 @@ def ok(res):
 # Each experiment, each variant and each k twice over, not every combination (~11 s a case on
 # two cores): both experiments share one worker, and what differs (the batch per rank, the
 # input path) is checked in each case.
-@pytest.mark.parametrize("experiment, variant, k", [
-    ("ddp_weak", "seed", 1), ("ddp_weak", "cached", 2), ("ddp_strong", "cached", 1), ("ddp_strong", "seed", 2)])
-def test_ddp_throughput(tiny_data, tmp_path, experiment, variant, k):
-    rc, res, log = run_job(make_spec(tiny_data, experiment, k, variant), tmp_path)
+# warm: the protocol's warmup_steps (None: the book's warm-up epoch); 20 steps is more than
+# an epoch of the seed's DataLoader at k=2 (8 steps), so the warm-up goes round it.
+@pytest.mark.parametrize("experiment, variant, k, warm", [
+    ("ddp_weak", "seed", 1, None), ("ddp_weak", "cached", 2, 3), ("ddp_strong", "cached", 1, None),
+    ("ddp_strong", "seed", 2, 20)])
+def test_ddp_throughput(tiny_data, tmp_path, experiment, variant, k, warm):
+    rc, res, log = run_job(make_spec(tiny_data, experiment, k, variant, proto={"warmup_steps": warm}), tmp_path)
     assert rc == 0, log
     m = ok(res)
     assert m["samples_per_s"] > 0 and len(m["per_rank"]) == k
@@ -54,7 +57,9 @@ def test_ddp_throughput(tiny_data, tmp_path, experiment, variant, k):
     assert lo <= m["samples_per_s_mean"] <= hi and m["samples_per_s_min"] <= m["samples_per_s_median"]
     assert m["epoch_s"] == max(r["seconds"] for r in m["per_rank"])
     assert m["slow_ranks"] == stats.stragglers([r["seconds_repeats"] for r in m["per_rank"]])
-    assert f"(timed, repeat {n}/{n})" in log and "(warm-up)" in log
+    assert f"(timed, repeat {n}/{n})" in log
+    assert m["warmup_steps"] == [warm] and m["warmup_s"] > 0
+    assert ("warm-up 1/1: epoch" if warm is None else f"warm-up 1/1: {warm} steps, {warm * batch} samples") in log
 
 
 def test_throughput_is_the_slowest_ranks_and_a_straggler_is_flagged():

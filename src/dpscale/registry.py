@@ -234,7 +234,7 @@ def _sources(*roots: str) -> tuple[str, ...]:
     return provenance.closure(roots)
 
 
-THROUGHPUT = ("image_size", "train_images", "epochs", "repeats")
+THROUGHPUT = ("image_size", "train_images", "epochs", "warmup_steps", "repeats")
 TTA = ("tta_image_size", "tta_train_images", "tta_test_images", "tta_per_rank_batch", "tta_target",
        "tta_eval_every_samples", "tta_eval_near_every_samples", "tta_eval_near_margin", "tta_max_epochs", "tta_seeds")
 # Independent launches of a throughput point, merged by the watchdog (dpscale.run.launches).

@@ -27,7 +27,7 @@ from dpscale import registry
 from dpscale.data import load as dsdata
 from dpscale.model.models import flax_resnet18
 from dpscale.results import utc_now, write_result
-from dpscale.measure import gpustate
+from dpscale.measure import gpustate, timing
 
 P = jax.sharding.PartitionSpec
 NamedSharding = jax.sharding.NamedSharding
@@ -286,5 +286,7 @@ def run(spec: dict, result_path: str) -> None:
     state = gpustate.summarise([ctx.gpu.record()], [os.getpid()]) if ctx.gpu else None
     if cc := cache.record():
         metrics["compile_cache"] = cc
+    if timing.START_MARKS:
+        metrics["start_marks_unix"] = dict(timing.START_MARKS)   # stamp() makes them seconds
     result = write_result(spec, result_path, metrics, started, runtime_versions(devices[:ctx.k]), gpu_state=state)
     ctx.log(f"wrote {result_path} (status {result['status']})")

@@ -16,7 +16,7 @@ from dpscale.analysis import roofline
 from dpscale.measure.jax_job import (Ctx, NamedSharding, P, block, build, load_train, make_mesh, measure_copy_bandwidth,
                       measure_matmul_peak, mfu_metrics, peak_mem_MiB, resident_step, shard_batch, step_body,
                       to_images, train_step)
-from dpscale.measure.timing import spread_fields, summary
+from dpscale.measure.timing import mark_start, spread_fields, summary, warmup_plan
 
 
 def pure_resident_step(graphdef, treedef):
@@ -37,37 +37,46 @@ def pure_resident_step(graphdef, treedef):
 
 # ---------------------------------------------------------------- jax_weak
 
-def run_epochs(ctx: Ctx, step, live, steps: int, B: int, warmup: int, repeats: int):
-    """`warmup` epochs (the first traces and compiles), then `repeats` timed epochs,
-    each without any sync inside it. Returns (per-epoch history, the last loss, the
-    first step's seconds: trace + compile + run). The first timed epoch's entry carries
-    the wall-clock time of its first step (t0_unix: the end of the launch's start)."""
+def run_epochs(ctx: Ctx, step, live, steps: int, B: int, warmup: list[int | None], repeats: int):
+    """The warm-up passes (timing.warmup_plan; the first step traces and compiles), then
+    `repeats` timed epochs, each without any sync inside it. Returns (per-pass history,
+    the last loss, the first step's seconds: trace + compile + run). The first timed
+    epoch's entry carries the wall-clock time of its first step (t0_unix: the end of the
+    launch's start)."""
     every = max(1, steps // 5)
     history, loss, first_step_s = [], None, None
-    for epoch in range(warmup + repeats):
-        rep = epoch - warmup if epoch >= warmup else None
+    passes = [(n or steps, None) for n in warmup] + [(steps, rep) for rep in range(repeats)]
+    for epoch, (n, rep) in enumerate(passes):
         block(live())
         if rep is not None:
             ctx.sample_gpu(f"before timed repeat {rep + 1}")
         t0, t0_unix = time.perf_counter(), time.time()
-        for i in range(steps):
-            loss = step(i)
+        for i in range(n):
+            loss = step(i % steps)   # a warm-up longer than an epoch goes round it again
             if epoch == 0 and i == 0:
                 block(loss, live())
                 first_step_s = time.perf_counter() - t0
                 ctx.log(f"first step (trace + compile + run): {first_step_s:.2f} s")
-            elif (i + 1) % every == 0:   # the loss syncs: printed in warm-up epochs only
-                ctx.log(f"epoch {epoch} step {i + 1}/{steps} "
+            elif (i + 1) % every == 0:   # the loss syncs: printed in warm-up passes only
+                ctx.log(f"epoch {epoch} step {i + 1}/{n} "
                         + ("dispatched" if rep is not None else f"loss {float(loss):.3f}"))
         block(loss, live())
         dt = time.perf_counter() - t0
         if rep is not None:
             ctx.sample_gpu(f"after timed repeat {rep + 1}")
-        history.append({"epoch": epoch, "repeat": rep, "samples": steps * B, "seconds": dt,
-                        "samples_per_s": steps * B / dt, **({"t0_unix": t0_unix} if rep == 0 else {})})
-        ctx.log(f"epoch {epoch}: {steps * B} samples in {dt:.2f} s = {steps * B / dt:.0f} samples/s"
-                + (" (warm-up)" if rep is None else f" (timed, repeat {rep + 1}/{repeats})"))
+        history.append({"epoch": epoch, "repeat": rep, "samples": n * B, "seconds": dt,
+                        "samples_per_s": n * B / dt, **({"t0_unix": t0_unix} if rep == 0 else {})})
+        ctx.log(f"epoch {epoch}: {n * B} samples in {dt:.2f} s = {n * B / dt:.0f} samples/s"
+                + (f" (warm-up {n} steps)" if rep is None and warmup[epoch] is not None else
+                   " (warm-up)" if rep is None else f" (timed, repeat {rep + 1}/{repeats})"))
     return history, loss, first_step_s
+
+
+def warmup_fields(ctx: Ctx, history: list[dict]) -> dict:
+    """What ran before the timed epochs: the plan's passes and their seconds."""
+    warm = [e for e in history if e["repeat"] is None]
+    return {"warmup_steps": warmup_plan(ctx.proto), "warmup_s": sum(e["seconds"] for e in warm),
+            "timed_epoch_includes_compile": not warm}
 
 
 def weak_step(path: str, model, opt, mesh, x_u8, y_all, steps: int, B: int):
@@ -150,7 +159,8 @@ def exp_weak(ctx: Ctx) -> dict:
     model, opt = build(mesh, jnp.bfloat16 if bf16 else None)
 
     step, live, write_back = weak_step(path, model, opt, mesh, x_u8, y_all, steps, B)
-    history, loss, first_step_s = run_epochs(ctx, step, live, steps, B, ctx.proto["epochs"] - 1, ctx.proto["repeats"])
+    mark_start("devices, data and model")
+    history, loss, first_step_s = run_epochs(ctx, step, live, steps, B, warmup_plan(ctx.proto), ctx.proto["repeats"])
     loss_last = float(loss)
     timed = [e for e in history if e["repeat"] is not None]
     first = timed[0]   # the book's timed epoch
@@ -169,7 +179,7 @@ def exp_weak(ctx: Ctx) -> dict:
          # >= 1: the host cannot issue steps as fast as the devices run them
          "dispatch_share_of_epoch": ds["median_ms"] * steps / (1e3 * first["seconds"]),
          "first_step_s": first_step_s, "loss_last": loss_last,
-         "timed_epoch_includes_compile": ctx.proto["epochs"] < 2,
+         **warmup_fields(ctx, history),
          "epochs": [{k: v for k, v in e.items() if k != "t0_unix"} for e in history],
          "first_timed_step_unix": first["t0_unix"],   # the watchdog makes it start_s (dpscale.run.launches)
          "peak_mem_MiB": peak_mem_MiB(mesh.devices.flat),

@@ -8,6 +8,20 @@ import time
 from dpscale.analysis import stats
 
 
+# The stages of this process's start, each stage's end on the wall clock (time.time()),
+# in order: what a throughput launch does between its spawn and its first timed step
+# (its worker's first line, the imports, the process group or devices, the model and
+# data); the warm-up closes at the first timed step. dpscale.run.launches.stamp turns
+# them into seconds per stage.
+START_MARKS: dict[str, float] = {}
+
+
+def mark_start(stage: str, at: float | None = None) -> None:
+    """The end of one stage of this launch's start: now, or `at` (a stamp taken before
+    this module could be imported). A stage marked twice keeps its first end."""
+    START_MARKS.setdefault(stage, time.time() if at is None else at)
+
+
 def summary(values_ms: list[float]) -> dict:
     """Median and spread of a list of times in ms; cv = stdev / mean (step-to-step noise)."""
     if not values_ms:
@@ -21,6 +35,16 @@ def summary(values_ms: list[float]) -> dict:
     return {"median_ms": statistics.median(s), "p10_ms": q(0.1), "p90_ms": q(0.9),
             "min_ms": s[0], "max_ms": s[-1], "n": len(s),
             "cv": statistics.stdev(s) / mean if len(s) > 1 and mean else None}
+
+
+def warmup_plan(proto: dict) -> list[int | None]:
+    """The passes before the timed epochs, as each pass's steps (None: one whole epoch):
+    the book's epochs-1 warm-up epochs, or, where the protocol sets warmup_steps, that
+    many steps in one pass. An epoch of the book's fp32 loop is ~11 s on an H200 and the
+    tuned step is steady after its compile and capture (~20 steps), so a whole warm-up
+    epoch per launch mostly waits (README, "What a run cost")."""
+    n = proto.get("warmup_steps")
+    return [None] * (proto["epochs"] - 1) if n is None else [int(n)]
 
 
 def spread_fields(name: str, xs: list[float]) -> dict:

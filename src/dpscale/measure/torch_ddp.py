@@ -5,6 +5,7 @@ beside it), DDP training with the NCCL memcpy switch (exercise 3), the bucket-si
 from __future__ import annotations
 
 import contextlib
+import itertools
 import statistics
 import time
 
@@ -16,7 +17,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from dpscale.analysis import costmodel, roofline, stats
 from dpscale.model import tuned_model
 from dpscale.model.models import torch_flops_per_sample, torch_resnet18
-from dpscale.measure.timing import StepTimer, spread_fields, summary, sync
+from dpscale.measure import timing
+from dpscale.measure.timing import StepTimer, spread_fields, summary, sync, warmup_plan
 from dpscale.measure.torch_job import (Ctx, cached_batches, load_cached, per_rank_merge, sample_gpu, seed_loader,
                                       synthetic_batch, timed_steps)
 
@@ -231,24 +233,39 @@ def run_epoch(ctx: Ctx, run_step, batches) -> dict:
             "peak_mem_MiB": torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.cuda else None}
 
 
-def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, warmup: int, repeats: int, side=None) -> dict:
-    """The seed's loop: `warmup` epochs (cudnn autotune, compile, graph capture), then
-    `repeats` timed epochs. This rank's numbers: seconds per timed epoch, and the
-    first timed epoch's (the book's) samples, seconds and step times."""
+def warmup_batches(batches_for_epoch, i: int, steps: int | None):
+    """Warm-up pass i: epoch i's batches whole (None), or its first `steps`, going round
+    epoch i again where one epoch has fewer."""
+    if steps is None:
+        return batches_for_epoch(i)
+    return itertools.islice(itertools.chain.from_iterable(batches_for_epoch(i) for _ in itertools.count()), steps)
+
+
+def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, warmup: list[int | None], repeats: int,
+                 side=None) -> dict:
+    """The seed's loop: the warm-up passes (timing.warmup_plan: cudnn autotune, compile,
+    graph capture), then `repeats` timed epochs. This rank's numbers: seconds per timed
+    epoch, and the first timed epoch's (the book's) samples, seconds and step times."""
+    if side is not None and None not in warmup and sum(warmup) < GraphedStep.EAGER_STEPS + 2:
+        raise ValueError(f"protocol warmup_steps={sum(warmup)}: the CUDA-graphed step is captured at call "
+                         f"{GraphedStep.EAGER_STEPS + 1} and first replayed at {GraphedStep.EAGER_STEPS + 2}; "
+                         f"warm up at least {GraphedStep.EAGER_STEPS + 2} steps, or the capture is timed")
     run_step = make_step(ctx, model, tuned, side)
-    timed = []
-    for epoch in range(warmup + repeats):
-        rep = epoch - warmup
-        if rep >= 0:
-            sample_gpu(ctx, f"before timed repeat {rep + 1}")
+    timing.mark_start("model and data")
+    timed, warm_s = [], 0.0
+    for i, steps in enumerate(warmup):
+        e = run_epoch(ctx, run_step, warmup_batches(batches_for_epoch, i, steps))
+        warm_s += e["seconds"]
+        ctx.log(f"warm-up {i + 1}/{len(warmup)}: " + ("epoch " if steps is None else f"{steps} steps, ")
+                + f"{e['samples']} samples in {e['seconds']:.2f} s = {e['samples'] / e['seconds']:.0f} samples/s")
+    for rep in range(repeats):
+        epoch = len(warmup) + rep
+        sample_gpu(ctx, f"before timed repeat {rep + 1}")
         e = run_epoch(ctx, run_step, batches_for_epoch(epoch))   # reshuffled per epoch, as the book's set_epoch
-        if rep >= 0:
-            sample_gpu(ctx, f"after timed repeat {rep + 1}")
+        sample_gpu(ctx, f"after timed repeat {rep + 1}")
         ctx.log(f"epoch {epoch}: {e['samples']} samples in {e['seconds']:.2f} s = "
-                f"{e['samples'] / e['seconds']:.0f} samples/s"
-                + (" (warm-up)" if rep < 0 else f" (timed, repeat {rep + 1}/{repeats})"))
-        if rep >= 0:
-            timed.append(e)
+                f"{e['samples'] / e['seconds']:.0f} samples/s (timed, repeat {rep + 1}/{repeats})")
+        timed.append(e)
     first, last = timed[0], timed[-1]["loss"]
     graphed = run_step if isinstance(run_step, GraphedStep) else None
     return {"samples": first["samples"], "seconds": first["seconds"],
@@ -257,6 +274,7 @@ def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, warmup: int, r
             "steps": summary(first["step_ms"]), "loss_last": float(last.detach()) if last is not None else None,
             "peak_mem_MiB": max(e["peak_mem_MiB"] for e in timed) if ctx.cuda else None,
             "first_timed_step_unix": first["t0_unix"],   # the end of this launch's start (dpscale.run.launches)
+            "warmup_steps": warmup, "warmup_s": warm_s,
             "cuda_graph": graphed is not None and graphed.graph is not None,
             "cuda_graph_error": graphed.error if graphed is not None else None,
             **loss_scale_fields(run_step.step.scaler)}
@@ -286,7 +304,7 @@ def ddp_throughput(ctx: Ctx, strong: bool):
 
         def batches(epoch):
             return cached_batches(ctx, x, y, batch, epoch, channels_last=tuned)
-    r = train_epochs(ctx, model, batches, tuned, ctx.proto["epochs"] - 1, ctx.proto["repeats"], side=side)
+    r = train_epochs(ctx, model, batches, tuned, warmup_plan(ctx.proto), ctx.proto["repeats"], side=side)
     r["per_rank_batch"] = batch
     return r
 
@@ -316,6 +334,7 @@ def throughput_metrics(ctx: Ctx, rows: list[dict], flops: int | None, peak: floa
          "step_ms_rank": slowest["rank"], "step_ms_median": slowest["steps"]["median_ms"],
          "step_ms_p10": slowest["steps"]["p10_ms"], "step_ms_p90": slowest["steps"]["p90_ms"],
          "loss_last": rows[0]["loss_last"], "cuda_graph": rows[0].get("cuda_graph", False),
+         "warmup_steps": rows[0].get("warmup_steps"), "warmup_s": max(r.get("warmup_s") or 0 for r in rows),
          **({"loss_scale_last": rows[0]["loss_scale_last"]} if "loss_scale_last" in rows[0] else {}),
          "cuda_graph_error": rows[0].get("cuda_graph_error"),
          "peak_mem_MiB": max((r["peak_mem_MiB"] or 0) for r in rows) or None,

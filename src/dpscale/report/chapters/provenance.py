@@ -106,6 +106,11 @@ def cache_text(counts: dict | None) -> str:
             + (f", {bypassed} not cacheable" if bypassed else ""))
 
 
+def stages_text(stages: dict | None) -> str:
+    """A launch's start split at its worker's stages (dpscale.run.launches.stamp), seconds."""
+    return ", ".join(f"{name} {fmt_num(v)}" for name, v in stages.items()) if stages else "–"
+
+
 def cost_rows(m: Machine) -> tuple[list[list], int]:
     """A row per job of `m` that recorded its cost, then the machine's total; and how
     many of its results predate the record (no wall_s)."""
@@ -121,9 +126,10 @@ def cost_rows(m: Machine) -> tuple[list[list], int]:
         rows.append([m.label, job_label(r["experiment"], r["variant"], r["k"]), r["status"], mt["wall_s"],
                      len(mt.get("launch_s_launches") or [None]), launch_list(mt.get("start_s_launches")),
                      launch_list(mt.get("launch_s_launches")),
-                     "; ".join(cache_text(c) for c in mt.get("compile_cache_launches") or []) or "–"])
+                     "; ".join(cache_text(c) for c in mt.get("compile_cache_launches") or []) or "–",
+                     stages_text(mt.get("start_stages_s"))])
     if rows:
-        rows.append([m.label, f"all {len(rows)} jobs", "", round(total, 3), sum(r[4] for r in rows), "", "", ""])
+        rows.append([m.label, f"all {len(rows)} jobs", "", round(total, 3), sum(r[4] for r in rows), "", "", "", ""])
     return rows, older
 
 
@@ -136,11 +142,12 @@ def cost_table(data: ReportData) -> Table:
             notes.append(f"{m.label}: {older} result(s) measured before jobs recorded their cost")
     note = ("wall s: the job from the spawn of its first launch to the end of its last; start s: from a "
             "launch's spawn to its first timed step (imports, process group, data, warm-up and compiling), "
-            "the part a warm compilation cache shortens; compile cache: each launch's loads from it. "
+            "the part a warm compilation cache shortens, split at the worker's stages for the representative launch; "
+            "compile cache: each launch's loads from it. "
             + "; ".join(notes)).strip()
     return Table("cost", "What each job cost: wall time, launches, each launch's start",
                  ["machine", "job", "status", "wall s", "launches", "start s, each launch", "seconds, each launch",
-                  "compile cache, each launch"], rows, note)
+                  "compile cache, each launch", "start s by stage, the representative launch"], rows, note)
 
 
 def page(data: ReportData) -> Page:
