@@ -60,8 +60,8 @@ def main() -> None:
         jax_initialize(gpu=spec["backend"] == "xla-gpu")
     from dpscale.measure.jax_job import run   # imports jax: only after the environment is set
     from dpscale.measure import timing
-    timing.mark_start("interpreter", STARTED)
-    timing.mark_start("imports")
+    timing.mark("interpreter", STARTED)
+    timing.mark("imports")
 
     run(spec, args.result)
 

@@ -25,8 +25,8 @@ from dpscale import registry
 from dpscale.measure import timing
 from dpscale.measure.torch_job import run
 
-timing.mark_start("torchrun and interpreter", STARTED)
-timing.mark_start("imports")
+timing.mark("torchrun and interpreter", STARTED)
+timing.mark("imports")
 
 listing = "\n".join(f"  {e.name:<20}{e.title} (variants {'|'.join(e.variant_names())})"
                     for e in registry.EXPERIMENTS.values() if e.family == "torch")

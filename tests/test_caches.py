@@ -144,11 +144,13 @@ def test_stamp_and_cost_fields_are_pure():
     assert launches.cost_fields([bare], 3.5) == {"launch_s_launches": [3.0], "wall_s": 3.5}
     assert launches.cost_fields([r, bare], 12.0)["start_s_launches"] == [5.5, None]
     staged = {"metrics": {"samples_per_s": 1.0, "first_timed_step_unix": 110.0,
-                          "start_marks_unix": {"interpreter": 101.0, "imports": 104.5, "model and data": 106.0}}}
-    m = launches.stamp(staged, 100.0, 12.0)["metrics"]
+                          "stage_marks_unix": {"interpreter": 101.0, "imports": 104.5, "model and data": 106.0,
+                                               "timed epochs": 113.0}}}
+    m = launches.stamp(staged, 100.0, 15.0)["metrics"]
     assert m["start_stages_s"] == {"interpreter": 1.0, "imports": 3.5, "model and data": 1.5, "warm-up": 4.0}
-    assert sum(m["start_stages_s"].values()) == m["start_s"] == 10.0 and "start_marks_unix" not in m
-    tta = launches.stamp({"metrics": {"tta_s": 1.0, "start_marks_unix": {"imports": 103.0}}}, 100.0, 5.0)
+    assert sum(m["start_stages_s"].values()) == m["start_s"] == 10.0 and "stage_marks_unix" not in m
+    assert m["end_stages_s"] == {"timed epochs": 3.0, "result and exit": 2.0}   # 10 + 3 + 2 = launch_s
+    tta = launches.stamp({"metrics": {"tta_s": 1.0, "stage_marks_unix": {"imports": 103.0}}}, 100.0, 5.0)
     assert tta["metrics"] == {"tta_s": 1.0, "launch_s": 5.0}   # no first timed step: no start, no stages
     assert launches.cost_fields([r, staged], 25.0)["start_stages_s_launches"] == [None, m["start_stages_s"]]
 
@@ -164,9 +166,14 @@ def test_a_gloo_ddp_weak_job_records_each_launchs_start(tiny_data, tmp_path):
     assert len(m["start_s_launches"]) == 2 and all(0 < s < t for s, t in zip(m["start_s_launches"],
                                                                              m["launch_s_launches"]))
     assert m["start_s"] == m["start_s_launches"][m["representative_launch"] - 1]
-    for start, stages in zip(m["start_s_launches"], m["start_stages_s_launches"]):   # the worker's stages
-        assert list(stages) == ["torchrun and interpreter", "imports", "process group", "model and data", "warm-up"]
-        assert all(v >= 0 for v in stages.values()) and sum(stages.values()) == pytest.approx(start, abs=0.01)
+    for start, took, stages, end in zip(m["start_s_launches"], m["launch_s_launches"], m["start_stages_s_launches"],
+                                        m["end_stages_s_launches"]):   # the worker's stages, spawn to exit
+        assert list(stages) == ["torchrun and interpreter", "imports", "process group", "matmul and copy rates",
+                                "model", "data", "warm-up"], stages
+        assert list(end) == ["timed epochs", "metrics and GPU state", "result and exit"], end
+        assert all(v >= 0 for v in [*stages.values(), *end.values()])
+        assert sum(stages.values()) == pytest.approx(start, abs=0.01)
+        assert sum(stages.values()) + sum(end.values()) == pytest.approx(took, abs=0.01)
     assert m["wall_s"] >= sum(m["launch_s_launches"]) and "first_timed_step_unix" not in m
     assert all("first_timed_step_unix" not in row for row in m["per_rank"])
     folder = tmp_path / "cache" / caches.folder_name(caches.key("torch", spec["fingerprint"]))
@@ -195,6 +202,8 @@ def test_a_second_jax_launch_loads_what_the_first_compiled(jax_two_launches):
     assert second["compile_s_saved"] > 0 and len(r["metrics"]["start_s_launches"]) == 2
     for stages in r["metrics"]["start_stages_s_launches"]:
         assert list(stages) == ["interpreter", "imports", "devices, data and model", "warm-up"], stages
+    assert [list(e) for e in r["metrics"]["end_stages_s_launches"]] == \
+        [["timed epochs", "metrics and GPU state", "result and exit"]] * 2
     folder = root / caches.folder_name(caches.key("jax", spec["fingerprint"]))
     assert len(os.listdir(folder / "xla")) >= first["written"]
 

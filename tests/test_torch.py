@@ -62,6 +62,20 @@ def test_ddp_throughput(tiny_data, tmp_path, experiment, variant, k, warm):
     assert ("warm-up 1/1: epoch" if warm is None else f"warm-up 1/1: {warm} steps, {warm * batch} samples") in log
 
 
+def test_a_warm_up_of_steps_goes_round_the_epoch_and_ends_on_its_short_batch():
+    """warmup_steps=5 over an epoch of 3 batches (4, 4, 2 samples: the DataLoader's short
+    last batch): 5 batches of epoch 0 going round it, then one batch of the tail's 2, so
+    cuDNN's autotune for that shape is not timed; None: the book's whole epoch."""
+    import torch
+    from dpscale.measure.torch_ddp import warmup_batches
+    epoch = [(torch.full((n, 1), float(i)), torch.zeros(n)) for i, n in enumerate((4, 4, 2))]
+    got = [len(X) for X, _ in warmup_batches(lambda e: epoch, 0, 5, tail=2)]
+    assert got == [4, 4, 2, 4, 4, 2]
+    assert [len(X) for X, _ in warmup_batches(lambda e: epoch, 0, 2, tail=2)] == [4, 4, 2]
+    assert [len(X) for X, _ in warmup_batches(lambda e: epoch, 0, 2)] == [4, 4]
+    assert [len(X) for X, _ in warmup_batches(lambda e: epoch, 0, None, tail=2)] == [4, 4, 2]
+
+
 def test_throughput_is_the_slowest_ranks_and_a_straggler_is_flagged():
     """Rank 1 is 10% slower in the second repeat: that repeat's samples/s is both ranks'
     samples over rank 1's seconds, and rank 1 is flagged (> 5% over the median rank)."""

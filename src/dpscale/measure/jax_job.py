@@ -286,7 +286,7 @@ def run(spec: dict, result_path: str) -> None:
     state = gpustate.summarise([ctx.gpu.record()], [os.getpid()]) if ctx.gpu else None
     if cc := cache.record():
         metrics["compile_cache"] = cc
-    if timing.START_MARKS:
-        metrics["start_marks_unix"] = dict(timing.START_MARKS)   # stamp() makes them seconds
+    timing.mark("metrics and GPU state")
+    metrics["stage_marks_unix"] = dict(timing.STAGES)   # stamp() makes them seconds
     result = write_result(spec, result_path, metrics, started, runtime_versions(devices[:ctx.k]), gpu_state=state)
     ctx.log(f"wrote {result_path} (status {result['status']})")

@@ -16,7 +16,7 @@ from dpscale.analysis import roofline
 from dpscale.measure.jax_job import (Ctx, NamedSharding, P, block, build, load_train, make_mesh, measure_copy_bandwidth,
                       measure_matmul_peak, mfu_metrics, peak_mem_MiB, resident_step, shard_batch, step_body,
                       to_images, train_step)
-from dpscale.measure.timing import mark_start, spread_fields, summary, warmup_plan
+from dpscale.measure.timing import mark, spread_fields, summary, warmup_plan
 
 
 def pure_resident_step(graphdef, treedef):
@@ -43,6 +43,7 @@ def run_epochs(ctx: Ctx, step, live, steps: int, B: int, warmup: list[int | None
     the last loss, the first step's seconds: trace + compile + run). The first timed
     epoch's entry carries the wall-clock time of its first step (t0_unix: the end of the
     launch's start)."""
+    mark("devices, data and model")   # everything before the warm-up (timing.STAGES)
     every = max(1, steps // 5)
     history, loss, first_step_s = [], None, None
     passes = [(n or steps, None) for n in warmup] + [(steps, rep) for rep in range(repeats)]
@@ -69,6 +70,7 @@ def run_epochs(ctx: Ctx, step, live, steps: int, B: int, warmup: list[int | None
         ctx.log(f"epoch {epoch}: {n * B} samples in {dt:.2f} s = {n * B / dt:.0f} samples/s"
                 + (f" (warm-up {n} steps)" if rep is None and warmup[epoch] is not None else
                    " (warm-up)" if rep is None else f" (timed, repeat {rep + 1}/{repeats})"))
+    mark("timed epochs")
     return history, loss, first_step_s
 
 
@@ -159,7 +161,6 @@ def exp_weak(ctx: Ctx) -> dict:
     model, opt = build(mesh, jnp.bfloat16 if bf16 else None)
 
     step, live, write_back = weak_step(path, model, opt, mesh, x_u8, y_all, steps, B)
-    mark_start("devices, data and model")
     history, loss, first_step_s = run_epochs(ctx, step, live, steps, B, warmup_plan(ctx.proto), ctx.proto["repeats"])
     loss_last = float(loss)
     timed = [e for e in history if e["repeat"] is not None]

@@ -8,18 +8,18 @@ import time
 from dpscale.analysis import stats
 
 
-# The stages of this process's start, each stage's end on the wall clock (time.time()),
-# in order: what a throughput launch does between its spawn and its first timed step
-# (its worker's first line, the imports, the process group or devices, the model and
-# data); the warm-up closes at the first timed step. dpscale.run.launches.stamp turns
-# them into seconds per stage.
-START_MARKS: dict[str, float] = {}
+# The stages of this launch, each stage's end on the wall clock (time.time()), in order:
+# what a throughput launch does between its spawn and its first timed step (its worker's
+# first line, the imports, the process group or devices, the rates, model and data; the
+# warm-up closes at the first timed step), and after it (the timed epochs, the metrics).
+# dpscale.run.launches.stamp turns them into seconds per stage.
+STAGES: dict[str, float] = {}
 
 
-def mark_start(stage: str, at: float | None = None) -> None:
-    """The end of one stage of this launch's start: now, or `at` (a stamp taken before
-    this module could be imported). A stage marked twice keeps its first end."""
-    START_MARKS.setdefault(stage, time.time() if at is None else at)
+def mark(stage: str, at: float | None = None) -> None:
+    """The end of one stage of this launch: now, or `at` (a stamp taken before this
+    module could be imported). A stage marked twice keeps its first end."""
+    STAGES.setdefault(stage, time.time() if at is None else at)
 
 
 def summary(values_ms: list[float]) -> dict:

@@ -233,30 +233,40 @@ def run_epoch(ctx: Ctx, run_step, batches) -> dict:
             "peak_mem_MiB": torch.cuda.max_memory_allocated(ctx.device) / 2**20 if ctx.cuda else None}
 
 
-def warmup_batches(batches_for_epoch, i: int, steps: int | None):
+def warmup_batches(batches_for_epoch, i: int, steps: int | None, tail: int = 0):
     """Warm-up pass i: epoch i's batches whole (None), or its first `steps`, going round
-    epoch i again where one epoch has fewer."""
+    epoch i again where one epoch has fewer, then a batch of `tail` samples: an epoch
+    whose last batch is short (the book's DataLoader keeps it: 60,000 = 234 x 256 + 96)
+    meets a new shape there, and cudnn.benchmark autotunes every convolution for it.
+    Left to the first timed epoch, that autotuning cost 2.5 s of its 11.5 on an H200."""
     if steps is None:
-        return batches_for_epoch(i)
-    return itertools.islice(itertools.chain.from_iterable(batches_for_epoch(i) for _ in itertools.count()), steps)
+        yield from batches_for_epoch(i)
+        return
+    last = None
+    for last in itertools.islice(itertools.chain.from_iterable(batches_for_epoch(i) for _ in itertools.count()),
+                                 steps):
+        yield last
+    if tail and last is not None and tail < len(last[0]):
+        yield last[0][:tail], last[1][:tail]
 
 
 def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, warmup: list[int | None], repeats: int,
-                 side=None) -> dict:
+                 side=None, tail: int = 0) -> dict:
     """The seed's loop: the warm-up passes (timing.warmup_plan: cudnn autotune, compile,
-    graph capture), then `repeats` timed epochs. This rank's numbers: seconds per timed
+    graph capture; a pass of steps ends with a batch of `tail` samples, the epoch's short
+    last batch), then `repeats` timed epochs. This rank's numbers: seconds per timed
     epoch, and the first timed epoch's (the book's) samples, seconds and step times."""
     if side is not None and None not in warmup and sum(warmup) < GraphedStep.EAGER_STEPS + 2:
         raise ValueError(f"protocol warmup_steps={sum(warmup)}: the CUDA-graphed step is captured at call "
                          f"{GraphedStep.EAGER_STEPS + 1} and first replayed at {GraphedStep.EAGER_STEPS + 2}; "
                          f"warm up at least {GraphedStep.EAGER_STEPS + 2} steps, or the capture is timed")
     run_step = make_step(ctx, model, tuned, side)
-    timing.mark_start("model and data")
     timed, warm_s = [], 0.0
     for i, steps in enumerate(warmup):
-        e = run_epoch(ctx, run_step, warmup_batches(batches_for_epoch, i, steps))
+        e = run_epoch(ctx, run_step, warmup_batches(batches_for_epoch, i, steps, tail))
         warm_s += e["seconds"]
         ctx.log(f"warm-up {i + 1}/{len(warmup)}: " + ("epoch " if steps is None else f"{steps} steps, ")
+                + (f"then one of the epoch's last batch, {tail}, " if steps is not None and tail else "")
                 + f"{e['samples']} samples in {e['seconds']:.2f} s = {e['samples'] / e['seconds']:.0f} samples/s")
     for rep in range(repeats):
         epoch = len(warmup) + rep
@@ -266,6 +276,7 @@ def train_epochs(ctx: Ctx, model, batches_for_epoch, tuned: bool, warmup: list[i
         ctx.log(f"epoch {epoch}: {e['samples']} samples in {e['seconds']:.2f} s = "
                 f"{e['samples'] / e['seconds']:.0f} samples/s (timed, repeat {rep + 1}/{repeats})")
         timed.append(e)
+    timing.mark("timed epochs")
     first, last = timed[0], timed[-1]["loss"]
     graphed = run_step if isinstance(run_step, GraphedStep) else None
     return {"samples": first["samples"], "seconds": first["seconds"],
@@ -293,8 +304,11 @@ def ddp_throughput(ctx: Ctx, strong: bool):
     side = graph_side_stream(ctx, tuned)
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         model = build_ddp(ctx, tuned=tuned)
+    timing.mark("model")
+    tail = 0
     if ctx.spec["config"]["variant"]["input"] == "loader":
         sampler, loader = seed_loader(ctx, batch)
+        tail = len(sampler) % batch   # the DataLoader keeps a short last batch
 
         def batches(epoch):
             sampler.set_epoch(epoch)
@@ -304,7 +318,8 @@ def ddp_throughput(ctx: Ctx, strong: bool):
 
         def batches(epoch):
             return cached_batches(ctx, x, y, batch, epoch, channels_last=tuned)
-    r = train_epochs(ctx, model, batches, tuned, warmup_plan(ctx.proto), ctx.proto["repeats"], side=side)
+    timing.mark("data")
+    r = train_epochs(ctx, model, batches, tuned, warmup_plan(ctx.proto), ctx.proto["repeats"], side=side, tail=tail)
     r["per_rank_batch"] = batch
     return r
 
@@ -351,6 +366,7 @@ def exp_ddp(ctx: Ctx, strong: bool):
     tuned = is_tuned(ctx)
     peak = measure_matmul_peak(ctx) if ctx.cuda else None
     copy_Bps = measure_copy_bandwidth(ctx) if ctx.cuda and tuned else None
+    timing.mark("matmul and copy rates")
     mine = ddp_throughput(ctx, strong)
     rows = per_rank_merge(ctx, mine)
     flops = torch_flops_per_sample(ctx.proto["image_size"], ctx.device) if ctx.rank == 0 else None

@@ -210,7 +210,7 @@ def run(spec: dict, result_path: str) -> None:
     timeout = _dt.timedelta(seconds=float(spec["pg_timeout_s"]))
     kwargs = {"device_id": ctx.device} if ctx.cuda else {}
     dist.init_process_group(spec["backend"], timeout=timeout, **kwargs)
-    timing.mark_start("process group")
+    timing.mark("process group")
     try:
         ctx.log(f"{spec['experiment']}/{spec['variant']} k={ctx.world} backend={spec['backend']} "
                 f"device={ctx.device}")
@@ -221,8 +221,8 @@ def run(spec: dict, result_path: str) -> None:
         state = gpu_state(ctx)
         if ctx.rank == 0 and (cc := compile_cache_counts()):
             metrics["compile_cache"] = cc
-        if timing.START_MARKS:
-            metrics["start_marks_unix"] = dict(timing.START_MARKS)   # stamp() makes them seconds
+        timing.mark("metrics and GPU state")
+        metrics["stage_marks_unix"] = dict(timing.STAGES)   # stamp() makes them seconds
         if ctx.rank == 0:   # rank 0 gates I/O: one writer, after every rank reported
             write_result(spec, result_path, metrics, started, runtime_versions(ctx), gpu_state=state)
             ctx.log(f"wrote {result_path}")

@@ -27,8 +27,9 @@ the wall-clock time the worker stamped on its first timed step (`first_timed_ste
 the throughput experiments: imports, process group, data, the warm-up epoch with its
 compilation), which a warm compilation cache shortens; `start_s_launches` and
 `launch_s_launches` for every launch, `start_s` and `launch_s` of the representative one,
-`start_stages_s` (and `_launches`), that start split at its worker's stages (its first line,
-the imports, the process group or devices, the model and data, the warm-up),
+`start_stages_s` and `end_stages_s` (and `_launches`), the launch split at its worker's
+stages (its first line, the imports, the process group or devices, the rates, model and
+data, the warm-up; then the timed epochs, the metrics, the result and the exit),
 and `wall_s`, the job's wall time from the first spawn to the end of its last launch;
 `compile_cache_launches`, each launch's lookups in the persistent compilation caches
 (dpscale.run.caches), where its worker counted any: a warm cache shows as hits.
@@ -44,7 +45,7 @@ from dpscale.measure import gpustate
 KEY = "launches"   # the protocol key
 METRIC = "samples_per_s"
 STAMP = "first_timed_step_unix"   # a worker's wall-clock time of its first timed step (time.time())
-MARKS = "start_marks_unix"        # its stages' ends before that (dpscale.measure.timing.START_MARKS)
+MARKS = "stage_marks_unix"        # its stages' ends (dpscale.measure.timing.STAGES)
 ACROSS, WITHIN = stats.ACROSS, stats.WITHIN   # what an interval covers, named once
 
 
@@ -97,25 +98,37 @@ def _gpu(results: list[dict]) -> dict:
 
 def stamp(result: dict, spawned_unix: float, elapsed_s: float) -> dict:
     """A launch's result with its cost: launch_s, and start_s where its worker stamped its
-    first timed step, with start_stages_s, the seconds of each stage of that start (its
-    worker's START_MARKS, dpscale.measure.timing; the warm-up ends at the first timed
-    step). The stamps themselves leave the metrics: a time of day is no metric."""
+    first timed step, with the launch split at its worker's stages (dpscale.measure.timing
+    .STAGES): start_stages_s, spawn to first timed step (the warm-up ends there), and
+    end_stages_s, from there to the process's exit (the timed epochs, the metrics, then
+    the result written and the processes gone). The stamps themselves leave the metrics:
+    a time of day is no metric."""
     m = result["metrics"]
     first, marks = m.pop(STAMP, None), m.pop(MARKS, None) or {}
     if first is not None:
-        m["start_s"] = round(float(first) - spawned_unix, 3)
+        first = float(first)
+        m["start_s"] = round(first - spawned_unix, 3)
         if marks:
-            ends = [(name, float(t)) for name, t in marks.items() if t <= first] + [("warm-up", float(first))]
-            begins = [spawned_unix] + [t for _, t in ends[:-1]]
-            m["start_stages_s"] = {name: round(t - b, 3) for (name, t), b in zip(ends, begins)}
+            ends = sorted((float(t), name) for name, t in marks.items())
+            m["start_stages_s"] = _stages(spawned_unix, [(n, t) for t, n in ends if t <= first] + [("warm-up", first)])
+            m["end_stages_s"] = _stages(first, [(n, t) for t, n in ends if t > first]
+                                        + [("result and exit", spawned_unix + elapsed_s)])
     m["launch_s"] = round(elapsed_s, 3)
     return result
+
+
+def _stages(begin: float, ends: list[tuple[str, float]]) -> dict:
+    """{stage: seconds} from each stage's end and the one before it (the first from begin)."""
+    out = {}
+    for name, t in ends:
+        out[name], begin = round(t - begin, 3), t
+    return out
 
 
 def cost_fields(results: list[dict], wall_s: float) -> dict:
     """The job's cost from its stamped launches (in launch order) and its wall time."""
     out = {"launch_s_launches": [r["metrics"].get("launch_s") for r in results], "wall_s": round(wall_s, 3)}
-    for name in ("start_s", "start_stages_s", "compile_cache"):   # where a launch's worker recorded it
+    for name in ("start_s", "start_stages_s", "end_stages_s", "compile_cache"):   # where a launch's worker recorded it
         values = [r["metrics"].get(name) for r in results]
         if any(v is not None for v in values):
             out[f"{name}_launches"] = values
