@@ -9,12 +9,13 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import (ROOT, SMALL, SNAKEMAKE, TORCHRUN_EXPERIMENTS, copy_primed, copy_repo, local_env, make_spec,
-                      run_job, smk)
+from conftest import (CPU_FP, ROOT, SMALL, SNAKEMAKE, TORCHRUN_EXPERIMENTS, copy_primed, copy_repo, env_with_src,
+                      local_env, make_spec, run_job, smk)
 
 from dpscale import results
 from dpscale.data import load as dload, resize as dresize
@@ -201,6 +202,31 @@ def test_rank_hang_is_recorded_within_limit(hung_runs, experiment):
 
 
 # ---------------------------------------------------------------- 5. concurrency
+
+STOPPED_AFTER_WRITING = """
+import json, os, signal, sys, time
+with open(sys.argv[1], "w") as f:
+    json.dump({"experiment": "allreduce", "variant": "default", "k": 2, "status": "ok", "reason": None,
+               "metrics": {"busbw_GBps": 1.0}}, f)
+os.kill(os.getppid(), signal.SIGINT)   # Snakemake's stop reaches the watchdog after the worker wrote
+time.sleep(30)
+"""
+
+
+def test_a_watchdog_stopped_after_its_worker_wrote_leaves_no_result(tmp_path):
+    """One launch: the worker writes a complete result, then the watchdog is interrupted
+    before it costs and writes the job's. Nothing is left at the result path (the worker
+    wrote a file of its own), nor that file; the exit is 130 and says nothing was recorded."""
+    result = tmp_path / "k2.json"
+    spec = {"experiment": "allreduce", "variant": "default", "k": 2, "backend": "gloo", "limit_s": 60,
+            "grace_s": 1, "config": {"protocol": {}}, "fingerprint": CPU_FP}
+    p = subprocess.run([sys.executable, str(ROOT / "scripts/watchdog.py"), "--spec", json.dumps(spec),
+                        "--result", str(result), "--rank-logs", str(tmp_path / "ranks"),
+                        "--lock-dir", str(tmp_path / "locks"), "--", sys.executable, "-c", STOPPED_AFTER_WRITING,
+                        str(result)], capture_output=True, text=True, timeout=60, env=env_with_src())
+    assert p.returncode == 130 and "nothing recorded" in p.stderr, p.stdout + p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir() if x.name.endswith(".json")) == []
+
 
 @pytest.mark.workflow
 def test_second_run_in_same_folder_is_refused(tmp_path):

@@ -343,8 +343,7 @@ def run_measurement(spec: dict, result: str | os.PathLike, rank_logs: str | os.P
     finally:
         n = launches.count(spec)
         for li in range(1, n + 1):
-            if (p := watchdog.launch_path(job, li, n)) != job.result:
-                p.unlink(missing_ok=True)
+            watchdog.launch_path(job, li, n).unlink(missing_ok=True)
     rec = json.loads(job.result.read_text()) if job.result.exists() else None
     status = rec["status"] if rec else "failed"
     return Run(status, rec, job.result, job.log, time.monotonic() - t0,

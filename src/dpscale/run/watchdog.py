@@ -238,9 +238,8 @@ def record_outcome(job: Job, out: Outcome, produced: Path, label: str = "") -> d
     written = json.loads(produced.read_text())
     if written.get("status") == "ok":
         return written
-    if produced != job.result:   # the launch's own record becomes the job's
-        write_json_atomic(job.result, written)
-        produced.unlink()
+    write_json_atomic(job.result, written)   # the launch's own record becomes the job's
+    produced.unlink()
     if written.get("status") == "failed":   # a check beside the timing failed it: retried too
         record_failure(job.result, label + (written.get("reason") or "failed"))
     return None
@@ -270,8 +269,12 @@ def finish(job: Job, done: list[dict], wall_s: float) -> int:
 
 
 def launch_path(job: Job, i: int, n: int) -> Path:
-    """Where launch i of n writes: the result itself when there is one launch."""
-    return job.result if n == 1 else job.result.with_name(f".{job.result.stem}.launch{i}.json")
+    """Where launch i of n writes: a file of its own beside the result, even for one launch.
+    The job's result is written by the watchdog alone, with the launches' cost: a worker
+    that wrote the result itself left it there, complete but uncosted, when the watchdog
+    was stopped between the worker's exit and its own write (seen on the H200: a
+    time-to-accuracy job interrupted by its run's time limit 2 s after its worker wrote)."""
+    return job.result.with_name(f".{job.result.stem}.launch{i}.json")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -370,8 +373,7 @@ def run(job: Job, args, cmd: list[str]) -> int:
             return run_launches(job, cmd, env, held, ancestry)
     finally:
         for i in range(1, n + 1):
-            if (p := launch_path(job, i, n)) != job.result:
-                p.unlink(missing_ok=True)
+            launch_path(job, i, n).unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
