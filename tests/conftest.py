@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from dpscale.data import fetch as dfetch, resize as dresize  # noqa: E402
+from dpscale import registry  # noqa: E402
 from dpscale.plan import specs  # noqa: E402
 from dpscale.model.models import model_flops_record  # noqa: E402
 from dpscale.results import write_json_atomic  # noqa: E402
@@ -91,7 +92,7 @@ def make_spec(tiny_data, experiment, k, variant="default", limit_s=120, proto=No
                 "watchdog": {"hang_timeout_s": limit_s, "grace_s": 3}, "experiments": [experiment]}
     base = {"cache": str(tiny_data / "fmnist_16px.npz"), "cache_meta": str(tiny_data / "fmnist_16px.json"),
             "data_root": str(tiny_data)}
-    if experiment == "jax_weak":   # as rules/common.smk's job_inputs
+    if "flops" in registry.get(experiment).inputs:   # as rules/common.smk's job_inputs
         base["flops"] = str(tiny_data / "flops_16px.json")
     return specs.job_spec(resolved, fp or CPU_FP, experiment, variant, k, {**base, **(inputs or {})})
 

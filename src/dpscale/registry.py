@@ -256,10 +256,10 @@ _torch, _jax = _family("torch"), _family("jax")
 _ALL = (
     _torch("ddp_weak", "DDP samples/s with the per-rank batch fixed (weak scaling)", "torch_ddp:exp_ddp_weak",
            (SEED, CACHED, TORCH_TUNED, TORCH_TUNED_FP16), every_k, THROUGHPUT + ("per_rank_batch",) + LAUNCHED, "scaling",
-           inputs=("raw", "cache", "meta"), scaling="weak"),
+           inputs=("raw", "cache", "meta", "flops"), scaling="weak"),
     _torch("ddp_strong", "DDP samples/s with the global batch fixed (strong scaling)", "torch_ddp:exp_ddp_strong",
            (SEED, CACHED, TORCH_TUNED), every_k, THROUGHPUT + ("global_batch",) + LAUNCHED, "scaling",
-           inputs=("raw", "cache", "meta"), scaling="strong"),
+           inputs=("raw", "cache", "meta", "flops"), scaling="strong"),
     _torch("ddp_comm_probe", "synced against no_sync() step time, against the cost model",
            "torch_comm:exp_comm_probe", (DEFAULT,), multi_k,
            ("image_size", "per_rank_batch", "probe_warmup", "probe_pairs"), "communication",

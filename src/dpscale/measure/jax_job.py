@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import json
 import os
 import time
 
@@ -25,7 +24,7 @@ from flax import nnx
 from dpscale.analysis import costmodel
 from dpscale import registry
 from dpscale.data import load as dsdata
-from dpscale.model.models import flax_resnet18
+from dpscale.model.models import flax_resnet18, read_flops
 from dpscale.results import utc_now, write_result
 from dpscale.measure import gpustate, timing
 
@@ -212,12 +211,7 @@ def mfu_metrics(ctx: Ctx, samples_per_s_per_device: float, peak: float | None) -
     path = ctx.spec["inputs"].get("flops")
     if not path:
         return {}
-    with open(path) as f:
-        rec = json.load(f)
-    if rec["image_size"] != ctx.proto["image_size"]:
-        raise ValueError(f"{path} counts {rec['image_size']}px images, the protocol asks for "
-                         f"{ctx.proto['image_size']}px")
-    return costmodel.mfu_fields(rec["flops_per_sample"], samples_per_s_per_device, peak)
+    return costmodel.mfu_fields(read_flops(path, ctx.proto["image_size"]), samples_per_s_per_device, peak)
 
 
 def peak_mem_MiB(devices) -> float | None:

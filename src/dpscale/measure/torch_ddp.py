@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dpscale.analysis import costmodel, roofline, stats
 from dpscale.model import tuned_model
-from dpscale.model.models import torch_flops_per_sample, torch_resnet18
+from dpscale.model.models import read_flops, torch_resnet18
 from dpscale.measure import timing
 from dpscale.measure.timing import StepTimer, spread_fields, summary, sync, warmup_plan
 from dpscale.measure.torch_job import (Ctx, cached_batches, load_cached, per_rank_merge, sample_gpu, seed_loader,
@@ -369,7 +369,7 @@ def exp_ddp(ctx: Ctx, strong: bool):
     timing.mark("matmul and copy rates")
     mine = ddp_throughput(ctx, strong)
     rows = per_rank_merge(ctx, mine)
-    flops = torch_flops_per_sample(ctx.proto["image_size"], ctx.device) if ctx.rank == 0 else None
+    flops = read_flops(ctx.spec["inputs"]["flops"], ctx.proto["image_size"]) if ctx.rank == 0 else None
     m = throughput_metrics(ctx, rows, flops, peak)
     if tuned:   # the roofline of 16-bit compute (bf16 and fp16 move the same bytes at the same rate)
         m.update(roofline.roofline_fields(m["per_rank_batch"], ctx.proto["image_size"],

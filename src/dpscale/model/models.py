@@ -105,6 +105,17 @@ def torch_flops_per_sample(image_size: int, device="cpu") -> int:
     return counter.get_total_flops() // 2
 
 
+def read_flops(path, image_size: int) -> int:
+    """The count rule model_flops wrote (model_flops_record), checked against the image
+    size the protocol asks for: counted once per DAG, read by every job that needs it."""
+    import json
+    with open(path) as f:
+        rec = json.load(f)
+    if rec["image_size"] != image_size:
+        raise ValueError(f"{path} counts {rec['image_size']}px images, the protocol asks for {image_size}px")
+    return int(rec["flops_per_sample"])
+
+
 def model_flops_record(image_size: int) -> dict:
     """What scripts/flops.py writes: the count, how it was made, and for which model."""
     import torch
