@@ -57,7 +57,7 @@ UNITS = (
     (r"(^|_)MiB(_|$)", "MiB"),
     (r"(^|_)MB(_|$)", "MB"),
     (r"(^|_)GB$", "GB"),
-    (r"^(interpolated_)?seconds_to_target|^eval_s_|_s_mean$", "s"),   # time to accuracy (MLPerf's clock)
+    (r"^(interpolated_)?seconds_to_target|^eval_s_|_s_mean$|_s_total$", "s"),   # time to accuracy (MLPerf's clock)
     (r"^(predicted_|interpolated_)?samples_to_target|_every_samples$|^b_(simple|crit)|^crossing_resolution_samples",
      "samples"),
     (r"(^(interpolated_)?epochs_to_target|^max_epochs$|^warmup_epochs$|^crossing_resolution_epochs)", "epochs"),

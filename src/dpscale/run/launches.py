@@ -24,7 +24,7 @@ at the first one and records its reason): no half merges. Pure: no processes.
 What the point cost (`stamp`, `cost_fields`), for every experiment: `launch_s`, the
 seconds from the spawn of a launch's process to its exit; `start_s`, from that spawn to
 the wall-clock time the worker stamped on its first timed step (`first_timed_step_unix`,
-the throughput experiments: imports, process group, data, the warm-up epoch with its
+the throughput experiments: imports, process group, data, the warm-up with its
 compilation), which a warm compilation cache shortens; `start_s_launches` and
 `launch_s_launches` for every launch, `start_s` and `launch_s` of the representative one,
 `start_stages_s` and `end_stages_s` (and `_launches`), the launch split at its worker's
