@@ -183,12 +183,12 @@ def copy_repo(dest: Path) -> Path:
 @pytest.fixture(scope="session")
 def primed(tmp_path_factory) -> Path:
     """A copy of the workflow whose data stage has run at SMALL's size (download,
-    resize), with Snakemake's records of it. The fault tests' workflows start from a
-    copy of it (copy_primed) and plan the measurements and the report only: each ran
-    those two jobs again (~13 s) and none is about them. test_workflow.py and
-    test_slurm.py run the data stage in a fresh copy."""
+    resize, the FLOP count), with Snakemake's records of it. The fault tests' workflows
+    start from a copy of it (copy_primed) and plan the measurements and the report only:
+    each ran those jobs again (~13 s; through SLURM ~33 s a job) and none is about them.
+    test_workflow.py runs the data stage in a fresh copy."""
     repo = copy_repo(tmp_path_factory.mktemp("primed"))
-    smk(repo, "--cores", "2", "results/data/fmnist_16px.npz", "--config", *SMALL)
+    smk(repo, "--cores", "2", "results/data/fmnist_16px.npz", "results/model/flops_16px.json", "--config", *SMALL)
     return repo
 
 
