@@ -238,6 +238,8 @@ def record_outcome(job: Job, out: Outcome, produced: Path, label: str = "") -> d
     written = json.loads(produced.read_text())
     if written.get("status") == "ok":
         return written
+    if isinstance(written.get("metrics"), dict):   # its cost, and no time of day left in its metrics
+        launches.stamp(written, out.spawned_unix, out.elapsed)
     write_json_atomic(job.result, written)   # the launch's own record becomes the job's
     produced.unlink()
     if written.get("status") == "failed":   # a check beside the timing failed it: retried too
