@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -314,3 +315,15 @@ def test_the_cost_table_lists_each_job_its_launches_and_a_total():
     assert rows[-1][1] == "all 2 jobs" and t.rows[-1][3].value == 50.5 and rows[-1][4] == "3"
     assert "this run: 1 result(s) measured before jobs recorded their cost" in t.note
     assert "cost" in provenance.CHAPTER.tables   # written as tables/cost.csv too
+
+
+def test_later_launches_start_no_compile_workers_only_where_the_cache_serves_them():
+    on = caches.apply({"PATH": "/bin"}, caches.variables("torch", Path("/c")))
+    assert caches.later_launch(on)["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
+    assert "TORCHINDUCTOR_COMPILE_THREADS" not in on                  # a copy: launch 1 keeps the pool
+    off = caches.apply({"PATH": "/bin"}, caches.uncached("torch"))    # every launch compiles: keep it
+    assert "TORCHINDUCTOR_COMPILE_THREADS" not in caches.later_launch(off)
+    mine = {**on, "TORCHINDUCTOR_COMPILE_THREADS": "8"}                # the user's setting wins
+    assert caches.later_launch(mine)["TORCHINDUCTOR_COMPILE_THREADS"] == "8"
+    jax = caches.apply({}, caches.variables("jax", Path("/c")))
+    assert caches.later_launch(jax) == jax

@@ -208,9 +208,10 @@ def experiments(digest: bool) -> None:
     """One line per experiment; with digest, the modules of its code digest under it
     (dpscale.provenance: what its worker imports; a change to one reruns it)."""
     from dpscale import provenance
+    print("(variants marked + are `extended`: planned where the config's `extended` is on)")
     for e in registry.EXPERIMENTS.values():
-        variants = "|".join(e.variant_names())
-        print(f"{e.name:<20} {e.family:<6} {registry.KS_TEXT[e.ks]:<26} {variants:<18} {e.title}")
+        variants = "|".join(v.name + "+" * v.extended for v in e.variants)
+        print(f"{e.name:<20} {e.family:<6} {registry.KS_TEXT[e.ks]:<26} {variants:<26} {e.title}")
         if digest:
             print(f"    digest {provenance.source_digest(e.sources)}, {len(e.sources)} modules: "
                   + " ".join(m.removeprefix("dpscale.") for m in e.sources))

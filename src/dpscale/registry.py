@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable, Mapping
 
@@ -33,6 +33,15 @@ class Variant:
     name: str
     text: str                                  # what a reader sees in legends and tables
     tuned: bool = False                        # only when the config's `tuned` is on
+    # A series the answer does not read (the answer: DDP weak scaling of the resize cache,
+    # with the strong k=1 point that gives its compute line an intercept, and time to
+    # accuracy under the book's rule; the book's own figures: its DataLoader, JAX's host
+    # loop, FSDP; the tuned step that time to accuracy trains with): an ablation, or an
+    # alternative (another LR rule, precision, or the book's loop under strong scaling).
+    # Planned only where the config's `extended` is on (auto: at smoke scale, where each
+    # costs seconds; at paper each costs 1.5 to 7 minutes of one GPU: README, "What the
+    # whole DAG costs").
+    extended: bool = False
     nccl_only: bool = False                    # a setting of NCCL itself: skipped on gloo
     env: Mapping[str, str] = field(default_factory=dict)
     extra_protocol: tuple[str, ...] = ()       # protocol keys only this variant reads
@@ -100,7 +109,7 @@ TORCH_TUNED = Variant(
 # sums in conv2's dgrad as well measured slower and live in the lab (README, "The fp16 series").
 TORCH_TUNED_FP16 = Variant(
     "tuned_fp16", "fp16 with dynamic loss scaling, BN statistics in the conv's epilogue (cuDNN graph), else as tuned",
-    tuned=True, requires=("gpu", "cudnn_frontend"), input="cache",
+    tuned=True, requires=("gpu", "cudnn_frontend"), input="cache", extended=True,
     options=MappingProxyType({**TORCH_TUNED.options, "precision": "fp16", "loss_scaling": "dynamic",
                               "convbn": "cudnn_genstats"}))
 # A requirement's fingerprint key, and the reason a machine without it reads.
@@ -111,11 +120,12 @@ REQUIREMENTS = MappingProxyType({
 })
 HOST = Variant("host", "host-staged float32 batches, device_put per step (the book's loop)", book=True,
                input="host")
-DEVICE = Variant("device", "the uint8 set resident on the devices, sliced per step", input="device")
+DEVICE = Variant("device", "the uint8 set resident on the devices, sliced per step", input="device", extended=True)
 # precision bf16: bf16 compute, float32 parameters and loss; dispatch flat_jit: jax.jit over
 # the flat nnx.split state with donated buffers, not nnx.jit (dpscale.measure.jax_weak).
 JAX_TUNED = Variant(
     "tuned", "bf16 compute, data on the devices, jax.jit over the flat state", tuned=True, input="device",
+    extended=True,
     options=MappingProxyType({"precision": "bf16", "data": "device-resident cache", "dispatch": "flat_jit"}))
 DEFAULT = Variant("default", "NCCL's defaults (gloo without GPUs)")
 MEMCPY = Variant("memcpy", "NCCL_SHM_USE_CUDA_MEMCPY=1 (and NCCL_P2P_DISABLE=1)", nccl_only=True,
@@ -133,9 +143,9 @@ TTA_BOOK = Variant("book", "SGD lr 0.1 at every global batch, no momentum (the b
 TTA_LINEAR = Variant("linear", "lr 0.1 x k after a linear warm-up of tta_warmup_epochs (Goyal et al. 2017); "
                                "the tuned step on GPUs",
                      extra_protocol=("tta_warmup_epochs",), min_k=2, same_below="book", lr_scaling="linear",
-                     step=TTA_STEP, rate_from=TTA_STEP_RATE)
+                     step=TTA_STEP, rate_from=TTA_STEP_RATE, extended=True)
 TTA_BOOK_FP32 = Variant("book_fp32", "the book's loop as written: SGD lr 0.1, fp32, eager (k=1 only)",
-                        lr_scaling="constant", max_k=1, requires=("gpu",), rate_from=("cached", "seed"))
+                        lr_scaling="constant", max_k=1, requires=("gpu",), rate_from=("cached", "seed"), extended=True)
 MEMCPY_TRAINING = Variant("default", "DDP training with NCCL_SHM_USE_CUDA_MEMCPY=1", nccl_only=True,
                           env=MEMCPY_ENV)
 
@@ -197,8 +207,8 @@ class Experiment:
     scaling: str | None = None
     feeds: str | None = None
 
-    def variant_names(self, tuned: bool = True) -> list[str]:
-        return [v.name for v in self.variants if tuned or not v.tuned]
+    def variant_names(self, tuned: bool = True, extended: bool = True) -> list[str]:
+        return [v.name for v in self.variants if (tuned or not v.tuned) and (extended or not v.extended)]
 
     def variant(self, name: str) -> Variant:
         for v in self.variants:
@@ -258,7 +268,8 @@ _ALL = (
            (SEED, CACHED, TORCH_TUNED, TORCH_TUNED_FP16), every_k, THROUGHPUT + ("per_rank_batch",) + LAUNCHED, "scaling",
            inputs=("raw", "cache", "meta", "flops"), scaling="weak"),
     _torch("ddp_strong", "DDP samples/s with the global batch fixed (strong scaling)", "torch_ddp:exp_ddp_strong",
-           (SEED, CACHED, TORCH_TUNED), every_k, THROUGHPUT + ("global_batch",) + LAUNCHED, "scaling",
+           (replace(SEED, extended=True), CACHED, replace(TORCH_TUNED, extended=True)), every_k,
+           THROUGHPUT + ("global_batch",) + LAUNCHED, "scaling",
            inputs=("raw", "cache", "meta", "flops"), scaling="strong"),
     _torch("ddp_comm_probe", "synced against no_sync() step time, against the cost model",
            "torch_comm:exp_comm_probe", (DEFAULT,), multi_k,

@@ -54,6 +54,9 @@ def resolve(config: dict, fp: dict) -> dict:
     tuned = config["tuned"]
     if tuned == "auto":
         tuned = gpus > 0
+    extended = config.get("extended", "auto")
+    if extended == "auto":
+        extended = scale == "smoke"
     wd = dict(config["watchdog"])
     if wd["hang_timeout_s"] == "auto":
         wd["hang_timeout_s"] = 900 if scale == "paper" else 120   # a loaded 2-core box needs the slack
@@ -75,7 +78,7 @@ def resolve(config: dict, fp: dict) -> dict:
             raise ConfigError(f"data.local_dir: {data['local_dir']!r} is not a folder; write "
                               "'data={source: local, local_dir: <the folder with the four Fashion-MNIST .gz files>}'")
     return {"scale": scale, "requested_scale": config["scale"], "protocol": proto, "ks": ks,
-            "tuned": bool(tuned), "watchdog": wd, "experiments": experiments(config["experiments"]),
+            "tuned": bool(tuned), "extended": bool(extended), "watchdog": wd, "experiments": experiments(config["experiments"]),
             "cluster": cluster, "forecast": dict(config.get("forecast") or {}),
             "gpu_state": {"on_shared": "warn", "on_throttle": "warn", **(config.get("gpu_state") or {})}}
 

@@ -38,7 +38,7 @@ def planned(resolved: dict) -> list[tuple[str, str, int]]:
         ks = exp.ks(resolved["ks"])
         if exp.extra_ks_key:   # k's beyond `ks` it runs emulated (dpscale.measure.torch_tta)
             ks = sorted(set(ks) | set(resolved["protocol"].get(exp.extra_ks_key) or ()))
-        for variant in exp.variant_names(resolved["tuned"]):
+        for variant in exp.variant_names(resolved["tuned"], resolved.get("extended", True)):
             out += [(name, variant, k) for k in ks if exp.variant(variant).runs_at(k)]
     return out
 

@@ -336,7 +336,11 @@ def run_launches(job: Job, cmd: list[str], env: dict, held, ancestry: lifeline.A
         if spec["backend"] == "nccl":   # the flight recorder's dumps go there
             job.rank_dir.mkdir(parents=True, exist_ok=True)
         argv = [a.replace(str(job.result), str(produced)) for a in cmd]
-        out = supervise(argv, env, limit, grace, held.fds, ancestry, label=label,
+        launch_env = env if i == 1 else caches.later_launch(env)
+        if launch_env is not env and i == 2:
+            print("[watchdog] launches 2 on: TORCHINDUCTOR_COMPILE_THREADS=1 (launch 1 filled the compile cache)",
+                  flush=True)
+        out = supervise(argv, launch_env, limit, grace, held.fds, ancestry, label=label,
                         before_kill=lambda: flight.request_dumps(pipe))   # NCCL: a dump before the kill
         if out.killed and out.killed != "limit":
             print(f"[watchdog] {out.killed}: killed process group; nothing recorded "
