@@ -158,3 +158,20 @@ def test_launches_of_a_result_without_samples_per_s_are_not_merged():
     with pytest.raises(ValueError, match="nothing to merge them by"):
         launches.merge([r, r])
     assert launches.merge([r]) == r
+
+
+def test_one_timed_epoch_needs_launches_for_an_interval():
+    """Paper times the book's one epoch per launch (repeats 1), its interval over the 3
+    launches; one launch of one epoch would have none: the config says so, naming the key."""
+    from conftest import CPU_FP
+    from dpscale.plan import config
+    base = {"ks": [1], "tuned": False, "watchdog": {"hang_timeout_s": 60, "grace_s": 1},
+            "data": {"source": "synthetic"}, "experiments": "all"}
+    paper = config.resolve({**base, "scale": "paper"}, CPU_FP)["protocol"]
+    assert paper["repeats"] == 1 and paper["launches"] == 3
+    with pytest.raises(ConfigError, match=r"^scales.paper.repeats: 1 timed epoch in 1 launch .*launches: 2"):
+        config.resolve({**base, "scale": "paper", "scales": {"paper": {"launches": 1}}}, CPU_FP)
+    assert config.resolve({**base, "scale": "paper", "scales": {"paper": {"launches": 1, "repeats": 2}}},
+                          CPU_FP)["protocol"]["repeats"] == 2
+    with pytest.raises(ConfigError, match=r"^scales.smoke.repeats: 1 timed"):
+        config.resolve({**base, "scale": "smoke", "scales": {"smoke": {"repeats": 1}}}, CPU_FP)

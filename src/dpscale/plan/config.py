@@ -51,6 +51,7 @@ def resolve(config: dict, fp: dict) -> dict:
         raise ConfigError(f"scales.{scale}.train_images: {proto['train_images']} images give no full "
                           f"per-rank batch of {proto['per_rank_batch']}")
     check_tta(proto, ks, scale)
+    check_replicates(proto, scale)
     tuned = config["tuned"]
     if tuned == "auto":
         tuned = gpus > 0
@@ -81,6 +82,15 @@ def resolve(config: dict, fp: dict) -> dict:
             "tuned": bool(tuned), "extended": bool(extended), "watchdog": wd, "experiments": experiments(config["experiments"]),
             "cluster": cluster, "forecast": dict(config.get("forecast") or {}),
             "gpu_state": {"on_shared": "warn", "on_throttle": "warn", **(config.get("gpu_state") or {})}}
+
+
+def check_replicates(proto: dict, scale: str) -> None:
+    """A throughput point's interval needs two numbers of one kind: launches, or the
+    timed repeats of its one launch (dpscale.run.launches; never pooled as if alike)."""
+    if proto["launches"] < 2 and proto["repeats"] < 2:
+        raise ConfigError(f"scales.{scale}.repeats: 1 timed epoch in 1 launch gives a throughput point no "
+                          f"interval; write 'scales={{{scale}: {{repeats: 2}}}}' or "
+                          f"'scales={{{scale}: {{launches: 2}}}}'")
 
 
 def check_tta(proto: dict, ks: list[int], scale: str) -> None:
