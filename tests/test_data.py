@@ -183,15 +183,21 @@ def test_idx_roundtrip_and_truncation(tmp_path):
         dfetch.read_idx(raw)
 
 
-def test_resize_matches_torchvision_transform():
+@pytest.mark.parametrize("size", [16, 32, 64, 100])
+def test_resize_equals_torchvision_transform_bit_for_bit(size):
+    """The cache is what the seed's DataLoader computes per sample: Resize(size), then
+    ToTensor (x / 255, which the reader does), so the uint8s must be equal, not close;
+    also for a non-square image (the shorter side to size)."""
     from PIL import Image
     from torchvision import transforms
     x, _ = dfetch.synthetic(50, seed=3)
-    cached = dresize.resize_split(x, 64)
-    tf = transforms.Compose([transforms.Resize(64), transforms.ToTensor()])
-    for i in range(0, 50, 7):
-        ref = tf(Image.fromarray(x[i], mode="L")).numpy()[0] * 255
-        assert np.abs(cached[i].astype(np.float32) - ref).max() <= 1.0
+    tf = transforms.Resize(size)
+    for images in (x, np.ascontiguousarray(x[:, :, 2:26])):   # 28x28, and 28 high x 24 wide
+        cached = dresize.resize_split(images, size)
+        ref = np.stack([np.asarray(tf(Image.fromarray(img, mode="L"))) for img in images])
+        assert cached.dtype == np.uint8 and cached.shape == ref.shape and np.array_equal(cached, ref)
+        loader = transforms.Compose([tf, transforms.ToTensor()])(Image.fromarray(images[7], mode="L")).numpy()[0]
+        assert np.array_equal(cached[7].astype(np.float32) / 255, loader)
 
 
 def test_cache_checksum_detects_corruption(tmp_path):

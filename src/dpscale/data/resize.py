@@ -12,18 +12,23 @@ from dpscale.results import utc_now, write_atomic, write_json_atomic
 
 
 def resize_split(images: np.ndarray, size: int) -> np.ndarray:
-    """The seed's transform, applied once: torchvision Resize on PIL images
-    (bilinear, antialiased), kept as uint8. ToTensor's /255 is done by the reader,
-    so cached batches equal the seed DataLoader's bit for bit."""
+    """The seed's transform, applied once: torchvision's Resize(size) on PIL images,
+    kept as uint8. ToTensor's /255 is done by the reader, so cached batches equal the
+    seed DataLoader's bit for bit (tests/test_data.py holds the two equal).
+
+    Written as the PIL call that Resize makes for a PIL image (the shorter side to
+    `size`, the longer truncated in proportion; Image.resize, bilinear, which PIL
+    antialiases), not through transforms.Resize: importing torchvision and its
+    per-call checks were 3-6 s of the data stage's 17 (one H200, 70,000 images)."""
     import numpy as np
     from PIL import Image
-    from torchvision import transforms
-    tf = transforms.Resize(size)
-    if images.shape[1] == size:
+    h, w = images.shape[1:]
+    if min(h, w) == size:
         return images.copy()
-    out = np.empty((len(images), size, size), np.uint8)
+    new_h, new_w = (size, int(size * w / h)) if h <= w else (int(size * h / w), size)
+    out = np.empty((len(images), new_h, new_w), np.uint8)
     for i, img in enumerate(images):
-        out[i] = np.asarray(tf(Image.fromarray(img, mode="L")))
+        out[i] = np.asarray(Image.fromarray(img, mode="L").resize((new_w, new_h), Image.Resampling.BILINEAR))
     return out
 
 
