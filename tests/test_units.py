@@ -120,9 +120,9 @@ def test_auto_scale_follows_gpus():
     assert r["watchdog"]["hang_timeout_s"] == 900
 
 
-def test_extended_variants_are_planned_at_smoke_and_on_request_but_not_at_paper():
-    """The registry's `extended` variants: auto plans them at smoke scale, not at paper;
-    true plans them at paper too; whatever is planned, the rest stays the same."""
+def test_extended_variants_are_planned_on_request_only():
+    """The registry's `extended` variants: planned at no scale by default, at every scale
+    with extended=true; whatever is planned, the rest stays the same."""
     from dpscale import registry
     gpu = dict(CPU_FP, gpu_count=1, gpu_model="NVIDIA H200")
     marked = {(e.name, v.name) for e in registry.EXPERIMENTS.values() for v in e.variants if v.extended}
@@ -130,9 +130,9 @@ def test_extended_variants_are_planned_at_smoke_and_on_request_but_not_at_paper(
     paper = {(e, v) for e, v, _ in specs.planned(dsconfig.resolve(_config(scale="auto", ks=[1]), gpu))}
     everything = {(e, v) for e, v, _ in specs.planned(dsconfig.resolve(_config(scale="auto", ks=[1], extended=True), gpu))}
     assert not paper & marked and everything - paper == marked & everything and ("ddp_tta", "book_fp32") in everything
-    smoke = {(e, v) for e, v, _ in specs.planned(dsconfig.resolve(_config(ks=[1, 2]), CPU_FP))}
+    smoke = {(e, v) for e, v, _ in specs.planned(dsconfig.resolve(_config(ks=[1, 2], extended=True), CPU_FP))}
     assert ("jax_weak", "device") in smoke and ("ddp_tta", "linear") in smoke
-    assert not {(e, v) for e, v, _ in specs.planned(dsconfig.resolve(_config(ks=[1, 2], extended=False), CPU_FP))} & marked
+    assert not {(e, v) for e, v, _ in specs.planned(dsconfig.resolve(_config(ks=[1, 2]), CPU_FP))} & marked
 
 
 def test_global_batch_not_divisible_shows_the_arithmetic():

@@ -38,9 +38,9 @@ class Variant:
     # accuracy under the book's rule; the book's own figures: its DataLoader, JAX's host
     # loop, FSDP; the tuned step that time to accuracy trains with): an ablation, or an
     # alternative (another LR rule, precision, or the book's loop under strong scaling).
-    # Planned only where the config's `extended` is on (auto: at smoke scale, where each
-    # costs seconds; at paper each costs 1.5 to 7 minutes of one GPU: README, "What the
-    # whole DAG costs").
+    # Planned only where the config's `extended` is true (default false: at paper each
+    # costs 1.5 to 7 minutes of one GPU, at smoke the seven of them were 169 s of a 2-core
+    # box's 641: README, "What the whole DAG costs").
     extended: bool = False
     nccl_only: bool = False                    # a setting of NCCL itself: skipped on gloo
     env: Mapping[str, str] = field(default_factory=dict)

@@ -12,7 +12,11 @@ one() {  # label, command...
   e=$(echo "$out" | sed -n 's/.*end_unix \([0-9.]*\).*/\1/p' | tail -1); [ -n "$e" ] && after "$e" "$t1"
 }
 python3 -c "import torch" ; for i in 1 2; do t=$(ts); python3 -c "import torch"; echo "import torch alone: $(python3 -c "print(round($(ts)-$t,3))") s"; done
-echo 'import os,time; print(f"[start_probe] agent+interpreter {time.time()-float(os.environ[\"T0\"]):.3f} s"); print(f"[start_probe] end_unix {time.time():.3f}")' > /tmp/hello.py
+cat > /tmp/hello.py <<'PY'
+import os, time
+print("[start_probe] agent and interpreter %.3f s" % (time.time() - float(os.environ["T0"])))
+print("[start_probe] end_unix %.3f" % time.time(), flush=True)
+PY
 for i in 1 2; do one "torchrun, a script that only prints" torchrun --standalone --nproc-per-node=1 /tmp/hello.py; done
 for i in 1 2; do one "torchrun, lazy NCCL init" torchrun --standalone --nproc-per-node=1 $P; done
 one "torchrun, eager NCCL init" torchrun --standalone --nproc-per-node=1 $P --eager

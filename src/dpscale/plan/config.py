@@ -55,9 +55,7 @@ def resolve(config: dict, fp: dict) -> dict:
     tuned = config["tuned"]
     if tuned == "auto":
         tuned = gpus > 0
-    extended = config.get("extended", "auto")
-    if extended == "auto":
-        extended = scale == "smoke"
+    extended = config.get("extended", False)
     wd = dict(config["watchdog"])
     if wd["hang_timeout_s"] == "auto":
         wd["hang_timeout_s"] = 900 if scale == "paper" else 120   # a loaded 2-core box needs the slack
