@@ -77,6 +77,9 @@ rule report:
         ],
     log:
         "logs/report.log",
+    # the figures are drawn in parallel (17 of them were 19 of the report's 24 s on one
+    # process of the H200 box); `--cores 1` keeps it to one
+    threads: min(8, workflow.cores)
     conda:
         "../envs/report.yaml"
     params:
@@ -90,4 +93,4 @@ rule report:
     shell:
         "python {params.scripts}/report.py --runs results/runs --fingerprint {input.fingerprint}"
         " --targets {input.runs} --references {params.references:q} --book {input.book}"
-        " --resolved {params.resolved:q} --out-dir {params.out_dir} > {log} 2>&1"
+        " --resolved {params.resolved:q} --out-dir {params.out_dir} --workers {threads} > {log} 2>&1"

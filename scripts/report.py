@@ -38,6 +38,7 @@ ap.add_argument("--book", default=str(book.PATH),
                 help="the book's numbers (default: %(default)s; a missing file means none)")
 ap.add_argument("--resolved", default=None, help="the resolved configuration as JSON (its hash is shown)")
 ap.add_argument("--out-dir", required=True, help="where report.html, report.md, figures/ and tables/ go")
+ap.add_argument("--workers", type=int, default=1, help="processes drawing the figures (default: %(default)s)")
 a = ap.parse_args()
 
 targets, plan_info = a.targets, None
@@ -48,5 +49,5 @@ info = {"command": os.environ.get(COMMAND_VAR)}
 if a.resolved:
     info.update(resolved=json.loads(a.resolved), config_hash=hashlib.sha256(a.resolved.encode()).hexdigest()[:16])
 summary = build(a.runs, a.fingerprint, a.out_dir, targets=targets, references=a.references, book_path=a.book,
-                name=a.name, build_info=info, plan_info=plan_info)
+                name=a.name, build_info=info, plan_info=plan_info, workers=a.workers)
 print(json.dumps(summary, indent=1))

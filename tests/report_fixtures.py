@@ -195,7 +195,7 @@ def build_fixture(tmp: Path, **kw) -> dict:
     info = {"command": "snakemake --cores 2 report", "config_hash": "c0ffee",
             "resolved": {"ks": [1, 2, 4], "forecast": {"bootstrap_draws": 20}}}
     summary = report.build(runs, tmp / "results" / "fingerprint.json", out, targets=targets,
-                           references=[tmp / "reference"], book_path=BOOK, build_info=info, **kw)
+                           references=[tmp / "reference"], book_path=BOOK, build_info=info, **{"workers": 2, **kw})
     raw = (out / "report.html").read_text()
     return {"tmp": tmp, "out": out, "summary": summary, "raw_html": raw, "targets": targets,
             "html": htmllib.unescape(raw), "md": (out / "report.md").read_text()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import importlib
 import json
 import re
 import subprocess
@@ -198,6 +199,28 @@ def test_missing_keys_no_results_and_corrupt_files_still_build(tmp_path):
     assert s["counts"]["this run"]["not run"] == 1
     report.build(tmp_path / "nothing", tmp_path / "fp.json", tmp_path / "out2", references=[], book_path=BOOK)
     assert "no result JSONs found" in (tmp_path / "out2" / "report.html").read_text()
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_figure_that_raises_is_drawn_as_its_error_and_fails_the_build_after_the_rest(tmp_path, monkeypatch, workers):
+    """In one process or forked ones: the failing figure's file says what failed, every
+    other figure is written, and the build raises naming the figure."""
+    from dpscale.report.chapters import figure_specs
+    from dpscale.report.figures import draw_all
+    chapter, spec = list(figure_specs())[1]
+    module = importlib.import_module(f"dpscale.report.figures.{chapter.key}")
+
+    def broken(data):
+        raise ValueError("a broken figure")
+    monkeypatch.setattr(module, spec.name, broken)
+    runs = tmp_path / "runs"
+    targets = write_cpu_smoke(runs)
+    (tmp_path / "fp.json").write_text(json.dumps(CPU_FP))
+    data = report.load(runs, tmp_path / "fp.json", targets, [], BOOK, "this run", {}, None)
+    with pytest.raises(RuntimeError, match=rf"figure '{spec.name}' failed: ValueError: a broken figure"):
+        draw_all(data, tmp_path / "figures", workers)
+    written = {p.stem for p in (tmp_path / "figures").glob("*.png")}
+    assert written == {s.name for _, s in figure_specs()}, written
 
 
 def test_script_help_is_helpful():

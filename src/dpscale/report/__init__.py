@@ -48,7 +48,7 @@ def load(runs_dir, fingerprint_path, targets=None, references=(), book_path=None
 
 
 def build(runs_dir, fingerprint_path, out_dir, *, targets=None, references=(), book_path=None,
-          name="this run", build_info=None, plan_info=None) -> dict:
+          name="this run", build_info=None, plan_info=None, workers=1) -> dict:
     data = load(runs_dir, fingerprint_path, targets, references, book_path, name, build_info, plan_info)
     data.build.setdefault("built_utc", utc_now())
     data.build.setdefault("code", provenance.code_record(()))
@@ -56,7 +56,7 @@ def build(runs_dir, fingerprint_path, out_dir, *, targets=None, references=(), b
     data.book_rows = [r for chapter in CHAPTERS if chapter.book_rows for r in chapter.book_rows(data)]
     pages = [chapter.page(data) for chapter in CHAPTERS]
     from dpscale.report.figures import draw_all   # matplotlib: only here, never when the workflow is parsed
-    images = draw_all(data, out / "figures")
+    images = draw_all(data, out / "figures", workers)
     for f in (f for p in pages for f in p.figures):
         f.image = images[f.name]
     captions = {spec.name: prose(f"figures/{spec.name}") for _chapter, spec in figure_specs()}

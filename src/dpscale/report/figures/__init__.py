@@ -3,28 +3,55 @@ figure, named after it, taking the ReportData and returning a matplotlib Figure.
 from __future__ import annotations
 
 import importlib
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from dpscale.report.chapters import figure_specs
 from dpscale.report.machines import ReportData
 from dpscale.report.figures import kit
 
+_DATA: ReportData | None = None   # what a forked worker draws from (inherited, never pickled)
 
-def draw_all(data: ReportData, figdir: Path) -> dict[str, dict]:
+
+def draw_one(chapter_key: str, name: str, data: ReportData, figdir: Path) -> tuple[dict, str | None]:
+    """(what the page needs, None), or, where the figure raised, a figure saying so
+    and the error's text."""
+    try:
+        fig, error = getattr(importlib.import_module(f"{__name__}.{chapter_key}"), name)(data), None
+    except Exception as e:  # noqa: BLE001
+        kit.plt.close("all")
+        error = f"{type(e).__name__}: {e}"
+        fig, axes = kit.new(height=2.5)
+        kit.empty(axes[0, 0], f"figure {name} failed: {error}")
+    return kit.save(fig, figdir, name), error
+
+
+def _forked(job: tuple[str, str, str]) -> tuple[dict, str | None]:
+    return draw_one(job[0], job[1], _DATA, Path(job[2]))
+
+
+def draw_all(data: ReportData, figdir: Path, workers: int = 1) -> dict[str, dict]:
     """{figure: what the page needs to show it}. A figure that raises is replaced by
     one saying so, and the error is raised after the others are written: the rule
-    fails loudly and the report's other figures are still there to look at."""
-    out, errors = {}, []
-    for chapter, spec in figure_specs():
+    fails loudly and the report's other figures are still there to look at.
+    workers > 1 draws them in forked processes (each figure is independent; on one
+    H200's 16 cores the 17 figures took 19 of the report's 24 s in one process)."""
+    global _DATA
+    jobs = [(chapter.key, spec.name, str(figdir)) for chapter, spec in figure_specs()]
+    workers = max(1, min(workers, len(jobs)))
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+        _DATA = data
         try:
-            fig = getattr(importlib.import_module(f"{__name__}.{chapter.key}"), spec.name)(data)
-        except Exception as e:  # noqa: BLE001
-            kit.plt.close("all")
-            errors.append((spec.name, e))
-            fig, axes = kit.new(height=2.5)
-            kit.empty(axes[0, 0], f"figure {spec.name} failed: {type(e).__name__}: {e}")
-        out[spec.name] = kit.save(fig, figdir, spec.name)
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                done = list(pool.map(_forked, jobs))
+        finally:
+            _DATA = None
+    else:
+        done = [draw_one(key, name, data, figdir) for key, name, _ in jobs]
+    errors = [(name, e) for (_, name, _), (_, e) in zip(jobs, done) if e]
     if errors:
         name, e = errors[0]
-        raise RuntimeError(f"figure {name!r} failed: {type(e).__name__}: {e}") from e
-    return out
+        raise RuntimeError(f"figure {name!r} failed: {e}")
+    return {name: meta for (_, name, _), (meta, _) in zip(jobs, done)}
+
