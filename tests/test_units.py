@@ -290,3 +290,15 @@ def test_a_short_list_says_how_many_it_needs():
     cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
     with pytest.raises(ConfigError, match=r"^scales.paper.tta_seeds: \[1, 2\] has 2 items; it needs at least 3"):
         check({**cfg, "scales": {"paper": {"tta_seeds": [1, 2]}}})
+
+
+def test_strong_scaling_is_planned_where_ks_asks_for_a_curve():
+    """ks = [1]: no strong point (nothing to split; the weak series is the answer); any
+    k >= 2 in ks, even one this machine skips: every k, k=1 included."""
+    gpu = dict(CPU_FP, gpu_count=1, gpu_model="NVIDIA H200")
+    def strong(ks, fp):
+        return sorted(k for e, v, k in specs.planned(dsconfig.resolve(_config(scale="auto", ks=ks), fp)) if e == "ddp_strong")
+    assert strong([1], gpu) == [] and strong([1], CPU_FP) == []
+    assert strong([1, 2], gpu) == [1, 2] and strong([1, 2, 4], CPU_FP) == [1, 2, 4]   # cached (seed is extended)
+    weak = [k for e, v, k in specs.planned(dsconfig.resolve(_config(scale="auto", ks=[1]), gpu)) if e == "ddp_weak"]
+    assert weak and set(weak) == {1}
