@@ -17,15 +17,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # the package beside the workflow
 from dpscale.run.lifeline import die_with_parent
 
-die_with_parent()   # first, before torch loads: a rank never outlives its torchrun (dpscale.run.lifeline)
+die_with_parent()   # first, before torch loads: a rank never outlives its torchrun, or its watchdog where it runs alone
 import argparse
 import json
+import os
 
 from dpscale import registry
 from dpscale.measure import timing
 from dpscale.measure.torch_job import run
 
-timing.mark("torchrun and interpreter", STARTED)
+# torchrun's agent starts every rank of a job of several; one rank starts alone (dpscale.run.command)
+timing.mark("torchrun and interpreter" if "TORCHELASTIC_RUN_ID" in os.environ else "interpreter", STARTED)
 timing.mark("imports")
 
 listing = "\n".join(f"  {e.name:<20}{e.title} (variants {'|'.join(e.variant_names())})"

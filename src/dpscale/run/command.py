@@ -3,7 +3,11 @@ SLURM allocation.
 
 One node (every k up to `cluster.gpus_per_node`): the rules' commands run as
 written: `torchrun --standalone --nproc-per-node=K`, or one JAX process that
-sees K devices.
+sees K devices. One process on one node (k=1; an emulated k on one device) runs
+the worker itself, with the variables torchrun would give its one rank
+(`single_rank_env`): torchrun's agent only starts, watches and tears down the
+ranks, which the watchdog does already, and it cost each launch 4-6 s of one
+H200's 20-50 (its interpreter, `import torch`, the rendezvous; the exit).
 
 Several nodes (k > gpus_per_node, up to cluster.nodes x gpus_per_node): the job
 spec carries `launch = {"nodes": N, "gpus_per_node": G}` and the watchdog, which
@@ -36,16 +40,42 @@ TORCHRUN_SINGLE = re.compile(r"--nproc[-_]per[-_]node(=.*)?$")
 SCRIPTS = Path(__file__).resolve().parents[3] / "scripts"
 
 
-def worker_command(spec: dict, result: str, rank_logs: str, python: str = "python") -> list[str]:
+def single_rank(spec: dict) -> bool:
+    """A torch job of one process on one node: its worker runs without torchrun."""
+    return (registry.get(spec["experiment"]).family == "torch" and specs.processes(spec) == 1
+            and not spec.get("launch"))
+
+
+def worker_command(spec: dict, result: str, rank_logs: str, python: str = "python", agent: bool = False) -> list[str]:
     """The one-node command of a measurement, by its family (dpscale.registry):
-    torchrun with one process per device (its rank logs under `rank_logs`), or one
-    JAX process that sees k devices. The spec and the result path go to the worker."""
+    torchrun with one process per device (its rank logs under `rank_logs`), the torch
+    worker alone where that is one process (single_rank), or one JAX process that sees
+    k devices. The spec and the result path go to the worker. agent: torchrun even for
+    one process (the two-node stand-in's runner reads torchrun's output)."""
     family = registry.get(spec["experiment"]).family
     tail = ["--spec", json.dumps(spec, sort_keys=True, separators=(",", ":")), "--result", str(result)]
+    if single_rank(spec) and not agent:
+        return [python, str(SCRIPTS / "torch_worker.py"), *tail]
     if family == "torch":
         return ["torchrun", "--standalone", f"--nproc-per-node={specs.processes(spec)}", "--log-dir", str(rank_logs),
                 "--redirects", "3", "--tee", "3", str(SCRIPTS / "torch_worker.py"), *tail]
     return [python, str(SCRIPTS / "jax_worker.py"), *tail]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the OS's pick; the worker's store binds it
+    a moment later, as torchrun --standalone's own pick does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def single_rank_env(port: int | None = None) -> dict:
+    """What torchrun --standalone --nproc-per-node=1 sets for its rank that the worker
+    reads (torch.distributed's env:// rendezvous; rank 0 hosts the store)."""
+    return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+            "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1", "GROUP_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port or free_port())}
 
 
 def rdzv_port(job_id: str | int) -> int:

@@ -130,7 +130,7 @@ def node_commands(spec: dict, result: str, rank_logs: str, nodes: TwoNodes, plac
                   python: str = sys.executable, rdzv_id: str | None = None) -> list[list[str]]:
     """The command of each node that takes part: two across the link (spec["launch"]
     = {"nodes": 2, ...}), one in the first namespace otherwise."""
-    one = launch.worker_command(spec, result, rank_logs, python)
+    one = launch.worker_command(spec, result, rank_logs, python, agent=True)
     if os.path.basename(one[0]) != "torchrun":
         raise ValueError(f"{spec['experiment']}: only torchrun measurements run on the stand-in, not {one[0]}")
     one = [torchrun_path(python)] + one[1:]

@@ -34,6 +34,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,7 @@ class Job:
     log: Path          # the job's log, which the rule sends our output to
     prefix: Path       # flattened rank logs: <prefix>.rank<r>.log
     trace_prefix: str | None = None   # NCCL flight-recorder dumps: <trace_prefix><rank>
+    single: bool = False   # the worker alone, no torchrun (command.single_rank): its streams are teed here
     started_utc: str = field(default_factory=utc_now)
 
     @classmethod
@@ -126,13 +128,44 @@ class Outcome:
     spawned_unix: float = 0.0   # wall-clock time of the spawn: a worker's timestamps are measured from it
 
 
+TEE_PREFIX = "[default0]:"   # what torchrun --tee puts before rank 0's lines
+
+
+def _tee(src, sink, path: Path) -> None:
+    """One stream of a single-rank worker, line by line, into its rank log (torchrun
+    --redirects' file) and, prefixed as torchrun --tee prints it, into the job's log."""
+    with open(path, "w") as f:
+        for line in iter(src.readline, b""):
+            text = line.decode(errors="replace")
+            f.write(text)
+            f.flush()
+            sink.write(TEE_PREFIX + text)
+            sink.flush()
+
+
+def tee_streams(proc: subprocess.Popen, rank_dir: Path) -> list[threading.Thread]:
+    """The layout torchrun writes (<dir>/<run>/attempt_0/<rank>/{stdout,stderr}.log),
+    so collect_rank_logs reads a single-rank launch as it reads torchrun's."""
+    d = rank_dir / "single" / "attempt_0" / "0"
+    d.mkdir(parents=True, exist_ok=True)
+    threads = [threading.Thread(target=_tee, args=(proc.stdout, sys.stdout, d / "stdout.log"), daemon=True),
+               threading.Thread(target=_tee, args=(proc.stderr, sys.stderr, d / "stderr.log"), daemon=True)]
+    for t in threads:
+        t.start()
+    return threads
+
+
 def supervise(cmd: list[str], env: dict, limit: float, grace: float, pass_fds=(),
-              ancestry: lifeline.Ancestry | None = None, before_kill=None, label: str = "") -> Outcome:
+              ancestry: lifeline.Ancestry | None = None, before_kill=None, label: str = "",
+              tee: Path | None = None) -> Outcome:
     """Run `cmd` in its own process group until it exits, passes `limit` seconds, or
-    its ancestry breaks; the group is gone (or `stray`) when this returns."""
+    its ancestry breaks; the group is gone (or `stray`) when this returns. tee: a
+    single-rank worker's rank-log folder (its streams are copied there and here)."""
     spawned, t0 = time.time(), time.monotonic()
+    pipe = subprocess.PIPE if tee is not None else None
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent,
-                            pass_fds=tuple(pass_fds))
+                            pass_fds=tuple(pass_fds), stdout=pipe, stderr=pipe)
+    pumps = tee_streams(proc, tee) if tee is not None else []
     killed, beat = None, t0 + HEARTBEAT_S
     try:
         while (rc := proc.poll()) is None:
@@ -157,6 +190,8 @@ def supervise(cmd: list[str], env: dict, limit: float, grace: float, pass_fds=()
     if killed or lifeline.group_alive(proc.pid):   # also ranks left behind by an exited torchrun
         lifeline.kill_group(proc.pid, grace if killed == "limit" else ORPHAN_GRACE_S, proc)
     proc.wait()
+    for t in pumps:   # the streams' last lines are in the logs before anyone reads them
+        t.join(timeout=5)
     return Outcome(None if killed else rc, elapsed, killed, lifeline.group_alive(proc.pid), spawned)
 
 
@@ -319,6 +354,8 @@ def prepare(job: Job, cmd: list[str], cache_dir: str | None = None) -> tuple[lis
         job.rank_dir.mkdir(parents=True)
         env.update(flight.env_for(job.rank_dir, env))
         job.trace_prefix = flight.dump_prefix(env)
+    if job.single:
+        env.update(command.single_rank_env())
     return cmd, env
 
 
@@ -340,8 +377,11 @@ def run_launches(job: Job, cmd: list[str], env: dict, held, ancestry: lifeline.A
         if launch_env is not env and i == 2:
             print("[watchdog] launches 2 on: TORCHINDUCTOR_COMPILE_THREADS=1 (launch 1 filled the compile cache)",
                   flush=True)
+        if job.single:   # a fresh port per launch: the last launch's store may still hold its own
+            launch_env = {**launch_env, "MASTER_PORT": str(command.free_port())}
         out = supervise(argv, launch_env, limit, grace, held.fds, ancestry, label=label,
-                        before_kill=lambda: flight.request_dumps(pipe))   # NCCL: a dump before the kill
+                        before_kill=lambda: flight.request_dumps(pipe),   # NCCL: a dump before the kill
+                        tee=job.rank_dir if job.single else None)
         if out.killed and out.killed != "limit":
             print(f"[watchdog] {out.killed}: killed process group; nothing recorded "
                   "(Snakemake marked the job incomplete, the next run redoes it)", flush=True)
@@ -386,8 +426,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     spec = json.loads(args.spec)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    cmd = cmd or command.worker_command(spec, args.result, args.rank_logs, sys.executable)
     job = Job.of(spec, args.result, args.rank_logs)
+    if not cmd:
+        cmd = command.worker_command(spec, args.result, args.rank_logs, sys.executable)
+        job.single = command.single_rank(spec)
     job.result.unlink(missing_ok=True)  # never serve an old number
     if spec.get("skip_reason"):
         print(f"[watchdog] skipped: {spec['skip_reason']}", flush=True)
