@@ -28,15 +28,18 @@ def test_rows_hold_the_jsons_numbers_and_say_when_there_is_no_interval():
     assert row["A"] == pytest.approx(a) and row["B"] == pytest.approx(b) and row["B/A"] == pytest.approx(b / a)
     assert (row.n_A, row.n_B) == (3, 1) and row.isna()["ci_lo"] and row.isna()["ci_hi"]
     assert row.note.startswith("no interval: B has 1 sample(s), A has 3")
-    assert set(df.k) == {1} and len(df) == 5      # the only points both machines measured
+    assert set(df.k) == {1} and len(df) == 4      # the only points both machines measured
     assert str(df["B/A"].dtype) == "float64"
 
 
 def test_a_machine_against_itself_gives_ratio_1_inside_its_interval(tmp_path):
-    """Every h200 throughput point has 3 launches now: a copy of the machine with one
-    point cut to its first launch (its timed epochs the only samples) covers both kinds."""
-    h200 = shutil.copytree(H200, tmp_path / "h200", ignore=shutil.ignore_patterns("logs", "report"))
+    """Every h200 throughput point has 3 launches of one timed epoch now: a copy of the
+    machine with one more point, kept from 5a04905 (3 launches of 2 timed epochs) and cut
+    to its first launch (its timed epochs the only samples), covers both kinds."""
+    h200 = shutil.copytree(H200, tmp_path / "h200", ignore=shutil.ignore_patterns("logs", "report", "extended"))
     one = h200 / "runs" / "ddp_strong" / "cached" / "k1.json"
+    one.parent.mkdir(parents=True)
+    shutil.copy(H200 / "extended" / "runs" / "ddp_strong" / "cached" / "k1.json", one)
     r = json.loads(one.read_text())
     r["metrics"] = {k: v for k, v in r["metrics"].items() if "launch" not in k}
     one.write_text(json.dumps(r))
