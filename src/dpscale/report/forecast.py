@@ -281,9 +281,10 @@ def _ms(x) -> str:
 
 
 def knee_text(s: dict, scaling: str) -> str:
-    """'k=4', 'past k=128' (never below the threshold), '–' (no prediction past k=1)."""
+    """'k=4', 'past k=128' (never below the threshold), '– (no k=1 point)' where the
+    series has no throughput at k=1 to predict from (e.g. strong scaling at ks=[1])."""
     if not any(r.get(f"{scaling}_efficiency") is not None and r["k"] > 1 for r in s["rows"]):
-        return "–"
+        return "– (no k=1 point)"
     return f"k={s[f'{scaling}_knee_k']}" if s[f"{scaling}_knee_k"] else f"past k={s['rows'][-1]['k']}"
 
 
