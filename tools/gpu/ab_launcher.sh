@@ -1,7 +1,7 @@
 #!/bin/bash
 # One chip, one spec: the answer's k=1 series (ddp_weak cached, 2 launches each: the device time left) launched
 # as the pipeline launches it now (the worker alone under the watchdog) and under
-# torchrun --standalone --nproc-per-node=1 (as before 7aa3da0), interleaved A B A, so
+# torchrun --standalone --nproc-per-node=1 (as before 7aa3da0), interleaved A B A B, so
 # that a difference between the two launchers is told apart from the chip's drift.
 #   bash tools/gpu/ab_launcher.sh        (on the GPU machine; .whl/ and .fmnist/ carried)
 export PYTHONUNBUFFERED=1
