@@ -77,11 +77,12 @@ rule report:
         ],
     log:
         "logs/report.log",
-    # the figures are drawn in parallel (17 of them were 19 of the report's 24 s on one
-    # process of the H200 box); `--cores 1` keeps it to one
-    threads: min(8, workflow.cores)
     conda:
         "../envs/report.yaml"
+    # the figures are drawn in parallel (17 of them were 19 of the report's 24 s on one
+    # process of the H200 box); Snakemake scales 8 down to --cores (1: one process), and
+    # a cluster gives the job 8 CPUs (workflow.cores is not defined there)
+    threads: 8
     params:
         scripts=SCRIPTS,
         references=REFERENCE_DIRS,

@@ -436,6 +436,10 @@ def main(argv: list[str] | None = None) -> int:
         job.write("skipped", spec["skip_reason"])
         return 0
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # Ctrl-C (Snakemake's stop of a local job) is a KeyboardInterrupt here also when this
+    # process was started with SIGINT ignored (`cmd &` in a script: POSIX shells start
+    # background commands so, and Python then installs no handler)
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return run(job, args, cmd)
     except (KeyboardInterrupt, Stop) as e:
