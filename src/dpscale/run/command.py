@@ -70,12 +70,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def single_rank_env(port: int | None = None) -> dict:
+def single_rank_env() -> dict:
     """What torchrun --standalone --nproc-per-node=1 sets for its rank that the worker
     reads (torch.distributed's env:// rendezvous; rank 0 hosts the store)."""
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
             "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1", "GROUP_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port or free_port())}
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
 
 
 def rdzv_port(job_id: str | int) -> int:

@@ -354,8 +354,6 @@ def prepare(job: Job, cmd: list[str], cache_dir: str | None = None) -> tuple[lis
         job.rank_dir.mkdir(parents=True)
         env.update(flight.env_for(job.rank_dir, env))
         job.trace_prefix = flight.dump_prefix(env)
-    if job.single:
-        env.update(command.single_rank_env())
     return cmd, env
 
 
@@ -377,8 +375,8 @@ def run_launches(job: Job, cmd: list[str], env: dict, held, ancestry: lifeline.A
         if launch_env is not env and i == 2:
             print("[watchdog] launches 2 on: TORCHINDUCTOR_COMPILE_THREADS=1 (launch 1 filled the compile cache)",
                   flush=True)
-        if job.single:   # a fresh port per launch: the last launch's store may still hold its own
-            launch_env = {**launch_env, "MASTER_PORT": str(command.free_port())}
+        if job.single:   # torchrun's variables, a fresh port per launch (the last one's store may hold its own)
+            launch_env = {**launch_env, **command.single_rank_env()}
         out = supervise(argv, launch_env, limit, grace, held.fds, ancestry, label=label,
                         before_kill=lambda: flight.request_dumps(pipe),   # NCCL: a dump before the kill
                         tee=job.rank_dir if job.single else None)
