@@ -201,26 +201,114 @@ def test_missing_keys_no_results_and_corrupt_files_still_build(tmp_path):
     assert "no result JSONs found" in (tmp_path / "out2" / "report.html").read_text()
 
 
-@pytest.mark.parametrize("workers", [1, 3])
-def test_a_figure_that_raises_is_drawn_as_its_error_and_fails_the_build_after_the_rest(tmp_path, monkeypatch, workers):
-    """In one process or forked ones: the failing figure's file says what failed, every
-    other figure is written, and the build raises naming the figure."""
-    from dpscale.report.chapters import figure_specs
-    from dpscale.report.figures import draw_all
+def _smoke_data(tmp):
+    runs = tmp / "runs"
+    targets = write_cpu_smoke(runs)
+    (tmp / "fp.json").write_text(json.dumps(CPU_FP))
+    return report.load(runs, tmp / "fp.json", targets, [], BOOK, "this run", {}, None)
+
+
+def _replace_a_figure(draw) -> str:
+    """The second figure's function replaced by `draw` (for good: called in a spawned
+    process); its name."""
     chapter, spec = list(figure_specs())[1]
-    module = importlib.import_module(f"dpscale.report.figures.{chapter.key}")
+    setattr(importlib.import_module(f"dpscale.report.figures.{chapter.key}"), spec.name, draw)
+    return spec.name
+
+
+def _spawned(fn, *args):
+    """fn(*args) in a spawned process: its only thread is the main one, so draw_all's
+    workers > 1 forks there (it does not beside pytest-xdist's threads)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result(300)
+
+
+def _build_with_a_broken_figure(tmp: str, workers: int):
+    """One figure replaced by one that raises, then draw_all. (error, its name, the
+    figures written)."""
+    from pathlib import Path
+    from dpscale.report.figures import draw_all
 
     def broken(data):
         raise ValueError("a broken figure")
-    monkeypatch.setattr(module, spec.name, broken)
-    runs = tmp_path / "runs"
-    targets = write_cpu_smoke(runs)
-    (tmp_path / "fp.json").write_text(json.dumps(CPU_FP))
-    data = report.load(runs, tmp_path / "fp.json", targets, [], BOOK, "this run", {}, None)
-    with pytest.raises(RuntimeError, match=rf"figure '{spec.name}' failed: ValueError: a broken figure"):
-        draw_all(data, tmp_path / "figures", workers)
-    written = {p.stem for p in (tmp_path / "figures").glob("*.png")}
-    assert written == {s.name for _, s in figure_specs()}, written
+    name = _replace_a_figure(broken)
+    try:
+        draw_all(_smoke_data(Path(tmp)), Path(tmp) / "figures", workers)
+        error = None
+    except RuntimeError as e:
+        error = str(e)
+    return error, name, sorted(p.stem for p in (Path(tmp) / "figures").glob("*.png"))
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_a_figure_that_raises_is_drawn_as_its_error_and_fails_the_build_after_the_rest(tmp_path, workers):
+    """In one process or forked ones: the failing figure's file says what failed, every
+    other figure is written, and the build raises naming the figure."""
+    error, name, written = _spawned(_build_with_a_broken_figure, str(tmp_path), workers)
+    assert error == f"figure {name!r} failed: ValueError: a broken figure", error
+    assert written == sorted(s.name for _, s in figure_specs()), written
+
+
+def _interrupt_a_hung_figure(tmp: str):
+    """One figure hangs, SIGALRM interrupts draw_all after 3 s (as a Ctrl-C or a test's
+    timeout would); the pids of the drawing processes, and whether each is still alive
+    a second later."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+    from dpscale.report.figures import draw_all
+    _replace_a_figure(lambda data: time.sleep(600))
+    data = _smoke_data(Path(tmp))
+    pids = []
+
+    def interrupt(*_):
+        import multiprocessing
+        pids.extend(p.pid for p in multiprocessing.active_children())
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGALRM, interrupt)
+    signal.alarm(3)
+    try:
+        draw_all(data, Path(tmp) / "figures", 3)
+    except KeyboardInterrupt:
+        pass
+    time.sleep(1)
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+            return not open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+        except (OSError, ProcessLookupError):
+            return False
+    return pids, [alive(p) for p in pids]
+
+
+def test_an_interrupted_forked_draw_leaves_no_process(tmp_path):
+    pids, alive = _spawned(_interrupt_a_hung_figure, str(tmp_path))
+    assert len(pids) == 3 and not any(alive), (pids, alive)
+
+
+def test_figures_are_not_drawn_in_forked_processes_beside_another_thread(tmp_path, monkeypatch):
+    """A lock another thread holds at a fork stays held in the child: with a second
+    Python thread alive (a pytest-xdist worker has several) the figures are drawn in
+    this process, whatever `workers` asks."""
+    import threading
+    from dpscale.report import figures
+
+    def no_pool(*a, **kw):
+        raise AssertionError("forked beside another thread")
+    monkeypatch.setattr(figures.multiprocessing, "get_context", no_pool)
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        metas = figures.draw_all(_smoke_data(tmp_path), tmp_path / "figures", workers=3)
+    finally:
+        stop.set()
+        other.join()
+    assert set(metas) == {s.name for _, s in figure_specs()}
 
 
 def test_script_help_is_helpful():

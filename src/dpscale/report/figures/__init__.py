@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
-from concurrent.futures import ProcessPoolExecutor
+import threading
 from pathlib import Path
 
 from dpscale.report.chapters import figure_specs
@@ -36,15 +36,21 @@ def draw_all(data: ReportData, figdir: Path, workers: int = 1) -> dict[str, dict
     one saying so, and the error is raised after the others are written: the rule
     fails loudly and the report's other figures are still there to look at.
     workers > 1 draws them in forked processes (each figure is independent; on one
-    H200's 16 cores the 17 figures took 19 of the report's 24 s in one process)."""
+    H200's 16 cores the 17 figures took 19 of the report's 24 s in one process), but
+    only from a process with no other Python thread: a lock another thread holds at
+    the fork stays held in the child for ever (two children of a pytest-xdist worker,
+    whose execnet threads were running, waited on a futex for 34 minutes). The
+    report rule's script is such a process; anywhere else the figures are drawn here."""
     global _DATA
     jobs = [(chapter.key, spec.name, str(figdir)) for chapter, spec in figure_specs()]
     workers = max(1, min(workers, len(jobs)))
-    if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
         _DATA = data
         try:
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-                done = list(pool.map(_forked, jobs))
+            # Pool, not ProcessPoolExecutor: leaving its block terminates the children, so an
+            # interrupt or a test's timeout while they draw leaves none behind.
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                done = pool.map(_forked, jobs, chunksize=1)
         finally:
             _DATA = None
     else:
