@@ -9,6 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+# Under pytest-xdist each worker computes with its share of the cores, it and every
+# process it starts (torch's intra-op pool reads OMP_NUM_THREADS when it starts): two
+# workers each running torch with all cores oversubscribe the box (tools/gpu/
+# probe_roofline.py --smoke, as test_probe runs it, on 2 cores: 9.1 s alone; beside two
+# busy one-thread torch processes 40.6 s with torch's default 2 threads, 18.3 s with 1;
+# it took 70 s in an xdist run without this). A thread count the user set is kept.
+# Measurement ranks set their own (specs.THREADS_PER_RANK, through the watchdog).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _share = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, str(_share))
+
 import numpy as np
 import pytest
 
@@ -43,6 +55,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# Under pytest-xdist (`-n 2`, the README's test command) a worker takes a whole module
+# (LoadFileScheduling: a module's fixtures, such as test_reliability's six hung jobs or
+# test_slurm's pipeline, are built once, not once per worker), and the modules go out in
+# the order below, not xdist's default of most tests first: the costliest tiers first
+# (a real SLURM, the smoke pipelines, then the multi-process ones), each module's own
+# order kept, so the minutes-long ones start at once on both workers and the second-long
+# ones fill in at the end. Without xdist (a GPU image's own pytest) the hook is unused.
+TIERS = ("slow", "workflow", "multiproc")
+
+
+def pytest_collection_modifyitems(config, items):
+    def tier(item):
+        return next((i for i, m in enumerate(TIERS) if item.get_closest_marker(m)), len(TIERS))
+    first = {}
+    for item in items:
+        first[item.module] = min(first.get(item.module, len(TIERS)), tier(item))
+    rank = {m: n for n, m in enumerate(first)}
+    items.sort(key=lambda item: (first[item.module], rank[item.module]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadFileScheduling
+    config.option.loadscopereorder = False   # keep the collection's order (above)
+    return LoadFileScheduling(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
