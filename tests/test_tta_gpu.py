@@ -5,6 +5,9 @@ whole jobs on one GPU (k=1 real, k=4 emulated) and on two (k=2 real: the probe's
 under capture). Skipped without CUDA; on a GPU machine:
 
     python -m pytest -q -m gpu tests/test_tta_gpu.py
+
+(On the lent image, `source tools/gpu/site.sh` first: a job's result is checked against
+its schema as it is written, and the image has no jsonschema.)
 """
 from __future__ import annotations
 
