@@ -189,6 +189,14 @@ def test_allreduce_and_probe_k2(tiny_data, tmp_path):
     assert m["pairs"] == PAIRS == len(m["comm_ms_pairs"]) == len(m["synced_ms_pairs"]) == len(m["no_sync_ms_pairs"])
     assert m["comm_ms_pairs"] == pytest.approx([a - b for a, b in zip(m["synced_ms_pairs"], m["no_sync_ms_pairs"])])
     assert m["comm_ms"] == statistics.median(m["comm_ms_pairs"]) and m["comm_vs_zero"] is True
+    # the no_sync() arm's ranks kept apart: the trial's time is its slowest rank's, each
+    # rank's own row its own median, the straggler share (slowest - mean) / mean per trial
+    ranks = m["no_sync_ms_ranks"]
+    assert len(ranks) == 2 and all(len(r) == PAIRS for r in ranks) and ranks[0] != ranks[1]
+    assert m["no_sync_ms_pairs"] == pytest.approx([max(t) for t in zip(*ranks)])
+    assert [r["no_sync_ms_median"] for r in m["per_rank"]] == pytest.approx([statistics.median(r) for r in ranks])
+    assert m["straggler_share_pairs"] == pytest.approx([(max(t) - sum(t) / 2) / (sum(t) / 2) for t in zip(*ranks)])
+    assert m["straggler_share"] == pytest.approx(statistics.fmean(m["straggler_share_pairs"]))
     assert sum(m["bucket_bytes"]) == m["grad_bytes"] == 4 * 11_175_818
     assert m["pred_flat_ms"] == pytest.approx(m["pred_ring_ms"])  # identical at k=2 by construction
     assert m["beta_placement"] == "in_place" and isinstance(m["comm_vs_pred_flat_ms"], bool)

@@ -6,16 +6,18 @@
 #   bash tools/gpu/run_bg.sh wait                              # follows it for up to WAIT_S (570) s
 # Each call copies into $OUT what run.sh has written so far (smk.log; results.tgz once it
 # ended) and its own lines, and says whether the run has ended. KS, TARGETS and
-# DPSCALE_GIT_COMMIT as for run.sh; the run's own limit is LIMIT_S (3000).
+# DPSCALE_GIT_COMMIT as for run.sh; the run's own limit is LIMIT_S (3000). RUNNER: the
+# script started (default tools/gpu/run.sh; tools/gpu/cpu_standin.sh takes the same
+# arguments and also leaves forecast.txt and forecast.json).
 OUT=${OUT:-.}; BG=/tmp/dpscale-bg
 if [ "$1" = start ]; then
   shift; rm -rf $BG; mkdir -p $BG; date +%s > $BG/t0
-  OUT=$BG setsid nohup bash -c 'bash tools/gpu/run.sh "$@" > '$BG'/run.out 2>&1; echo $? > '$BG'/rc' \
+  OUT=$BG setsid nohup bash -c 'bash '"${RUNNER:-tools/gpu/run.sh}"' "$@" > '$BG'/run.out 2>&1; echo $? > '$BG'/rc' \
     run_bg "${LIMIT_S:-3000}" "$@" < /dev/null > /dev/null 2>&1 &
 fi
 end=$(( $(date +%s) + ${WAIT_S:-570} ))
 while [ ! -f $BG/rc ] && [ "$(date +%s)" -lt $end ]; do sleep 5; done
 if [ -f $BG/rc ]; then echo "ended rc=$(cat $BG/rc) after $(( $(date +%s) - $(cat $BG/t0) )) s"
 else echo "still running after $(( $(date +%s) - $(cat $BG/t0) )) s"; grep -E "steps \(" $BG/smk.log | tail -2; fi
-cp $BG/run.out $BG/smk.log $OUT/ 2>/dev/null; [ -f $BG/results.tgz ] && cp $BG/results.tgz $OUT/
+cp $BG/run.out $BG/smk.log $BG/forecast.* $OUT/ 2>/dev/null; [ -f $BG/results.tgz ] && cp $BG/results.tgz $OUT/
 tail -40 $BG/run.out

@@ -8,7 +8,7 @@ sys.path.insert(0, "src")
 from dpscale.analysis import stats  # noqa: E402
 
 KEYS = ("samples_per_s", "samples_per_s_per_device", "mfu", "roofline_fraction", "step_ms_median", "synced_ms",
-        "no_sync_ms", "comm_ms", "comm_ms_ci95", "pred_flat_ms", "busbw_GBps_64MiB", "avg_busbw_GBps", "correct",
+        "no_sync_ms", "straggler_share", "comm_ms", "comm_ms_ci95", "pred_flat_ms", "busbw_GBps_64MiB", "avg_busbw_GBps", "correct",
         "hung_after_s", "best_bucket_cap_MiB", "cuda_graph", "cuda_graph_error", "bf16_matmul_peak_TFLOPs",
         "state_ratio_fsdp_over_ddp", "n_allreduce", "rel_diff", "passed", "broken_flagged", "peak_mem_MiB",
         "epochs_to_target", "seconds_to_target", "no_result_reason", "not_launched_seeds", "eval_s_mean")

@@ -54,22 +54,32 @@ def trial_ms(ctx: Ctx, fn) -> float:
     return 1e3 * (time.perf_counter() - t0)
 
 
-def paired_trials(ctx: Ctx, synced, silent, pairs: int) -> tuple[list[float], list[float], torch.Tensor]:
+def paired_trials(ctx: Ctx, synced, silent, pairs: int) -> torch.Tensor:
     """`pairs` pairs of one synced and one no_sync() trial, synced first on even pairs
     and second on odd ones, so a slow drift (clocks, thermals, a neighbour's load)
-    adds the same to both arms and cancels in the difference. Returns the slowest
-    rank's ms per trial (every trial starts at a barrier: the slowest rank ends it)
-    for each arm, and this rank's own [pairs, 2] times."""
+    adds the same to both arms and cancels in the difference. Returns every rank's ms
+    per trial, [world, pairs, 2] (arm 0 synced, 1 no_sync); every trial starts at a
+    barrier, so the slowest rank's time is the trial's."""
     mine = torch.zeros(pairs, 2, dtype=torch.float64)
     for i in range(pairs):
         for arm in ((0, 1) if i % 2 == 0 else (1, 0)):
             mine[i, arm] = trial_ms(ctx, (synced, silent)[arm])
         if i == 0:
             ctx.maybe_fault("step")
-    slowest = mine.to(ctx.device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    slowest = slowest.cpu()
-    return slowest[:, 0].tolist(), slowest[:, 1].tolist(), mine
+    # Trap: on a CPU device .to() returns the same tensor, so a collective on it in place
+    # overwrote this rank's own times with the slowest's: gather copies instead.
+    every = [torch.zeros_like(mine, device=ctx.device) for _ in range(ctx.world)]
+    dist.all_gather(every, mine.to(ctx.device))
+    return torch.stack([t.cpu() for t in every])
+
+
+def straggler_shares(no_sync_ms) -> list[float]:
+    """Per no_sync() trial (no communication: each rank's own compute), what waiting for
+    the slowest rank adds over the ranks' mean, as a share of that mean:
+    (max - mean) / mean over ranks. no_sync_ms: [ranks][trials]."""
+    t = torch.as_tensor(no_sync_ms, dtype=torch.float64)
+    mean = t.mean(dim=0)
+    return ((t.max(dim=0).values - mean) / mean).tolist()
 
 
 def probe_metrics(synced: list[float], silent: list[float]) -> dict:
@@ -81,6 +91,16 @@ def probe_metrics(synced: list[float], silent: list[float]) -> dict:
             "comm_ms": mi["median"], "comm_ms_ci95": [mi["ci_lo"], mi["ci_hi"]],
             "comm_ms_ci95_coverage": mi["coverage"],
             "synced_ms": statistics.median(synced), "no_sync_ms": statistics.median(silent)}
+
+
+def straggler_metrics(every: torch.Tensor) -> dict:
+    """The no_sync() arm's ranks apart: each rank's trial times and the straggler share
+    per trial (what the forecast's straggler term reads), with its mean (what a step pays
+    on average: the forecast's expectation)."""
+    ranks = every[:, :, 1].tolist()
+    shares = straggler_shares(ranks)
+    return {"no_sync_ms_ranks": ranks, "straggler_share_pairs": shares,
+            "straggler_share": statistics.fmean(shares)}
 
 
 def probe_predictions(ctx: Ctx, buckets: list[int]) -> dict:
@@ -114,12 +134,15 @@ def exp_comm_probe(ctx: Ctx):
     for _ in range(ctx.proto["probe_warmup"]):
         fwd_bwd()
         silent()
-    synced_ms, no_sync_ms, mine = paired_trials(ctx, fwd_bwd, silent, ctx.proto["probe_pairs"])
+    every = paired_trials(ctx, fwd_bwd, silent, ctx.proto["probe_pairs"])
+    slowest = every.max(dim=0).values
+    mine = every[ctx.rank]
     rows = per_rank_merge(ctx, {"synced_ms_median": statistics.median(mine[:, 0].tolist()),
                                 "no_sync_ms_median": statistics.median(mine[:, 1].tolist())})
     buckets = bucket_sizes(ctx)
     n_bytes = 4 * sum(p.numel() for p in model.parameters())
-    m = {**probe_metrics(synced_ms, no_sync_ms), "grad_bytes": n_bytes, "bucket_bytes": buckets,
+    m = {**probe_metrics(slowest[:, 0].tolist(), slowest[:, 1].tolist()), **straggler_metrics(every),
+         "grad_bytes": n_bytes, "bucket_bytes": buckets,
          "per_rank": rows, "book_beta_GBps": 4.5, "pred_book_ms": 1e3 * 2 * n_bytes / 4.5e9}
     m.update(probe_predictions(ctx, buckets or [n_bytes]))
     lo, hi = m["comm_ms_ci95"]
@@ -134,7 +157,8 @@ def exp_comm_probe(ctx: Ctx):
     if ctx.rank == 0:
         iv = f"95% [{lo:.2f}, {hi:.2f}]" if lo is not None else "no interval"
         ctx.log(f"comm {m['comm_ms']:.2f} ms, {iv} over {m['pairs']} pairs "
-                f"(medians: synced {m['synced_ms']:.2f} ms, no_sync {m['no_sync_ms']:.2f} ms)")
+                f"(medians: synced {m['synced_ms']:.2f} ms, no_sync {m['no_sync_ms']:.2f} ms); the slowest rank's "
+                f"no_sync step {100 * m['straggler_share']:.1f}% over the ranks' mean")
     return m
 
 

@@ -80,11 +80,14 @@ def parts(results: dict, family: str, params_hint: float | None) -> dict:
     across = [s for s in sweeps.values() if s.nodes > 1]
     probes = {k: tuple(x / 1e3 for x in (_m(r).get("comm_ms_pairs") or [_m(r).get("comm_ms")]) if x is not None)
               for (e, _v, k), r in sorted(results.items()) if e == ovl.name and ok(r) and ovl.family == family}
+    stragglers = {k: tuple(_m(r).get("straggler_share_pairs") or ()) for (e, _v, k), r in sorted(results.items())
+                  if e == ovl.name and ok(r) and ovl.family == family}
     census = [_m(r) for (e, _v, _k), r in sorted(results.items()) if e == cen.name and ok(r)]
     buckets, how = payloads([_m(r) for (e, _v, _k), r in sorted(results.items()) if e == ovl.name and ok(r)],
                             census, family, params_hint)
     return {"sweeps": one, "internode": max(across, key=lambda s: s.k) if across else None,
-            "probes": {k: p for k, p in probes.items() if p}, "buckets": buckets, "buckets_how": how}
+            "probes": {k: p for k, p in probes.items() if p}, "buckets": buckets, "buckets_how": how,
+            "stragglers": {k: x for k, x in stragglers.items() if x}}
 
 
 def payloads(probes: list[dict], census: list[dict], family: str, params_hint) -> tuple[tuple, str]:

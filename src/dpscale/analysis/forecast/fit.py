@@ -130,11 +130,28 @@ def anchor(s: Series, k: int, rule: str, m: fc.StepModel, rng=None) -> tuple[fc.
         comm, used = float(np.median(pairs)), [Used("probe", kp)]
     else:
         b = s.per_rank_batch
-        comm = b / (s.weak[kc].estimate(rng) / kc) - fc.compute_time(m, b) - fc.straggler_time(m, kc)
+        comm = b / (s.weak[kc].estimate(rng) / kc) - fc.compute_time(m, b) - fc.straggler_time(m, kc, b)
         used = [Used("throughput", kc, "weak: the overlap calibrated")]
     f = fc.exposed_fraction(comm, there, at)
     used += [Used("sweep", at)] if there is not m else []
     return m.with_(exposed=f, notes=m.notes + (f"exposed fraction {f:.2f} from {used[0].text()}",)), used
+
+
+def straggler(s: Series, k: int, rule: str, m: fc.StepModel, rng=None) -> tuple[fc.StepModel, list[Used]]:
+    """The straggler term from the probe's no_sync() trials at the largest k' below k
+    (the largest of all, for the grid), where it recorded its ranks apart; else k=1's
+    step spread, as the series came (model.py)."""
+    kp = _pick([x for x in s.stragglers if s.nodes_at(x) == 1 and s.stragglers[x]], k,
+               "any" if rule == "any" else "below_k")
+    if kp is None:
+        return m, []
+    shares = list(s.stragglers[kp])
+    if rng is not None and len(shares) > 1:
+        shares = list(rng.choice(shares, size=len(shares), replace=True))
+    c = fc.straggler_cv(shares, kp)
+    return m.with_(sigma_s=0.0, straggler_cv=c, notes=tuple(x for x in m.notes if x != s.sigma_how) + (
+        f"straggler sigma {100 * c:.1f}% of t_c, from the probe's no_sync() trials at k={kp}",)), \
+        [Used("probe", kp, "its ranks' no_sync() spread")]
 
 
 NO_FABRIC = fc.Fabric(0.0, float("inf"), 1, "one device per node: nothing in the node")
@@ -156,6 +173,8 @@ def build(s: Series, k: int, rule: str = "any", given: Given = Given(), rng=None
     m = fc.StepModel(a, b, intra, s.buckets, sigma_s=s.sigma_s, internode=inter, per_node=per_node,
                      notes=(how, s.buckets_how, intra.source if intra else "no in-node fabric",
                             *(x.source for x in [inter] if x), s.sigma_how))
+    m, u_strag = straggler(s, k, rule, m, rng)
+    used = used + u_strag
     if m.fabric is None or not s.buckets:
         return m, used + u_intra + u_inter
     m, u_probe = anchor(s, k, rule, m, rng)

@@ -32,7 +32,11 @@
 - straggler: each step waits for the slowest of k ranks. With per-rank step times
   N(mu, sigma^2), E[max of k] = mu + sigma e_k, e_k = the expected maximum of k
   standard normals (order statistics, integrated exactly: e_1 = 0, e_2 = 0.564,
-  e_8 = 1.42). sigma from k=1's step distribution: (p90 - p10) / (2 z_0.9).
+  e_4 = 1.03, e_8 = 1.42). Where the probe ran below k, sigma = c t_c(B), c from its
+  no_sync() trials at k': each trial's (slowest - mean) / mean over the k' ranks is
+  c e_k' (ranks computing side by side, no byte exchanged: what one lone rank's steps
+  cannot show, ranks on cores that run at different speeds). Else sigma from k=1's
+  step distribution: (p90 - p10) / (2 z_0.9).
 - nodes: N nodes of G devices, hierarchical all-reduce (reduce-scatter in the node,
   all-reduce across nodes on 1/G of the data per device, all-gather in the node):
   T = 2(G-1)/G S / beta + 2(G-1) alpha  +  2(N-1)/N S / beta_node + 2(N-1) alpha_node,
@@ -173,7 +177,8 @@ class StepModel:
     fabric: Fabric | None        # None: no communication measured anywhere
     buckets: tuple = ()          # bytes per all-reduce, in DDP's launch order
     exposed: float = 1.0         # f
-    sigma_s: float = 0.0         # per-rank step-time standard deviation
+    sigma_s: float = 0.0         # per-rank step-time standard deviation (s)
+    straggler_cv: float = 0.0    # c: per-rank standard deviation as a share of t_c(B)
     internode: Fabric | None = None
     per_node: int = 8
     overlap: str = "fraction"    # "fraction": f * T_ar; "simulated": the buckets against the backward
@@ -242,12 +247,19 @@ def exposed_comm_time(m: StepModel, k: int, batch: float) -> float:
     return m.exposed * allreduce_time(m, k)
 
 
-def straggler_time(m: StepModel, k: int) -> float:
-    return m.sigma_s * expected_max_normal(k)
+def straggler_time(m: StepModel, k: int, batch: float) -> float:
+    return (m.sigma_s + m.straggler_cv * compute_time(m, batch)) * expected_max_normal(k)
+
+
+def straggler_cv(shares, k: int) -> float:
+    """c from a k-rank probe's per-trial straggler shares, (slowest - mean) / mean: their
+    mean over e_k (the shares' expectation is c e_k; a step pays the mean, a slow
+    trial included, so not the median, which a right-skewed max puts below it)."""
+    return float(np.mean(shares)) / expected_max_normal(k) if k > 1 and len(shares) else 0.0
 
 
 def step_time(m: StepModel, batch: float, k: int) -> float:
-    return compute_time(m, batch) + exposed_comm_time(m, k, batch) + straggler_time(m, k)
+    return compute_time(m, batch) + exposed_comm_time(m, k, batch) + straggler_time(m, k, batch)
 
 
 def weak_efficiency(m: StepModel, batch: float, k: int) -> float:

@@ -22,7 +22,7 @@ def point(m: fc.StepModel, s: Series, scaling: str, k: int) -> dict | None:
         return None
     t, t1 = fc.step_time(m, batch, k), fc.step_time(m, full, 1)
     eff = t1 / t if scaling == "weak" else t1 / (k * t)
-    comm, strag = fc.exposed_comm_time(m, k, batch), fc.straggler_time(m, k)
+    comm, strag = fc.exposed_comm_time(m, k, batch), fc.straggler_time(m, k, batch)
     return {"efficiency": eff, "step_ms": 1e3 * t, "overhead_ms": 1e3 * (comm + strag),
             "compute_ms": 1e3 * fc.compute_time(m, batch), "exposed_comm_ms": 1e3 * comm, "straggler_ms": 1e3 * strag,
             "allreduce_ring_ms": 1e3 * fc.allreduce_time(m, k), "allreduce_tree_ms": 1e3 * fc.allreduce_time(m, k, fc.tree_time)}
