@@ -225,6 +225,27 @@ def _spawned(fn, *args):
         return pool.submit(fn, *args).result(300)
 
 
+def _nap():
+    import time
+    time.sleep(5)
+
+
+def _alone_before_and_beside_a_raw_thread():
+    import _thread
+    import time
+    from dpscale.report.figures import alone
+    before = alone()
+    _thread.start_new_thread(_nap, ())   # as execnet starts its receiver: invisible to threading
+    time.sleep(0.2)
+    return before, alone()
+
+
+def test_figures_fork_only_where_no_other_python_thread_runs():
+    """A thread started with _thread (pytest-xdist's execnet receiver) stops the fork:
+    threading.active_count() does not see it, and a fork beside it hung a CI run."""
+    assert _spawned(_alone_before_and_beside_a_raw_thread) == (True, False)
+
+
 def _build_with_a_broken_figure(tmp: str, workers: int):
     """One figure replaced by one that raises, then draw_all. (error, its name, the
     figures written)."""

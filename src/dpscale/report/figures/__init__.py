@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
+import sys
 import threading
 from pathlib import Path
 
@@ -31,6 +32,14 @@ def _forked(job: tuple[str, str, str]) -> tuple[dict, str | None]:
     return draw_one(job[0], job[1], _DATA, Path(job[2]))
 
 
+def alone() -> bool:
+    """No other Python thread in this process. Trap: threading.active_count() counts only
+    threads started through `threading`; pytest-xdist's execnet starts its receiver with
+    _thread.start_new_thread, and a fork beside it deadlocked a CI run's report fixture
+    for 15 minutes. sys._current_frames() has a frame for every thread running Python."""
+    return len(sys._current_frames()) == 1 and threading.active_count() == 1
+
+
 def draw_all(data: ReportData, figdir: Path, workers: int = 1) -> dict[str, dict]:
     """{figure: what the page needs to show it}. A figure that raises is replaced by
     one saying so, and the error is raised after the others are written: the rule
@@ -44,7 +53,7 @@ def draw_all(data: ReportData, figdir: Path, workers: int = 1) -> dict[str, dict
     global _DATA
     jobs = [(chapter.key, spec.name, str(figdir)) for chapter, spec in figure_specs()]
     workers = max(1, min(workers, len(jobs)))
-    if workers > 1 and "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1:
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods() and alone():
         _DATA = data
         try:
             # Pool, not ProcessPoolExecutor: leaving its block terminates the children, so an
