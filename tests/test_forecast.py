@@ -142,6 +142,33 @@ def test_the_straggler_between_ranks_from_the_probe_below_k():
     assert abs(fc.weak_efficiency(blind, B, 8) - truth) > 0.03
 
 
+def test_a_pinned_cpu_rank_hides_nothing_in_one_host_where_nothing_ran_below_k():
+    """k=2 with nothing below: a series whose ranks cannot run the all-reduce beside the
+    backward takes f = 1 in one host, the simulated overlap otherwise; a probe below k
+    still sets f where there is one, and a prediction across nodes keeps the simulation."""
+    why = "each gloo rank is pinned to its own 1 core(s)"
+    pinned = dataclasses.replace(synthetic(ks=(1, 2, 4)), no_overlap=why)
+    m, used = fit.build(pinned, 2, "at_k")
+    assert (m.overlap, m.exposed) == ("fraction", 1.0) and why in m.notes[-1]
+    assert fc.exposed_comm_time(m, 2, B) == pytest.approx(fc.allreduce_time(m, 2))
+    assert fit.build(synthetic(ks=(1, 2, 4)), 2, "at_k")[0].overlap == "simulated"
+    m4, _ = fit.build(pinned, 4, "below_k")
+    assert m4.exposed == pytest.approx(TRUE["exposed"], rel=0.05)
+    across = dataclasses.replace(pinned, internode=Sweep((2.0**20, 2.0**24), (1e-3, 1e-2), 2, 2))
+    assert fit.build(across, 2, "at_k", nodes=2, per_node=1)[0].overlap == "simulated"
+
+
+def test_a_band_carries_the_spread_measured_nearest_below_k():
+    """A measurement at k is held against a band with the replicate spread of the largest
+    k' < k that has one, not k=1's alone (on a shared host, ranks side by side spread more)."""
+    s = synthetic(ks=(1, 2, 4))
+    wide = Rate(s.weak[2].value, (), tuple(s.weak[2].value * x for x in (0.8, 1.0, 1.2)))
+    s = dataclasses.replace(s, weak={**s.weak, 2: wide})
+    assert fit.spread(s, "weak", below=4) == pytest.approx(wide.cv())
+    assert fit.spread(s, "weak", below=2) == pytest.approx(s.weak[1].cv())
+    assert fit.spread(s) == pytest.approx(s.weak[1].cv())
+
+
 def test_hierarchical_all_reduce_against_the_formula():
     intra, inter = fc.Fabric(20e-6, 100e9, 8), fc.Fabric(5e-6, 25e9, 0)
     S = 2**30

@@ -113,6 +113,8 @@ def series_of(results: dict, family: str, variant: str, shared: dict):
     if 1 not in pts["weak"] and 1 not in pts["strong"]:
         return None
     weak1, strong1 = pts["weak"].get(1), pts["strong"].get(1)
+    run = (weak1 or strong1).get("runtime") or {}
+    pinned = family == "torch" and (weak1 or strong1).get("backend") == "gloo" and run.get("cpu_affinity")
     rows = _m(weak1 or strong1).get("per_rank") or []
     sigma = fc.sigma_from_steps((rows[0] if rows else {}).get("steps"))
     return Series(f"{FAMILY_TEXT[family]} [{variant}]",
@@ -121,7 +123,9 @@ def series_of(results: dict, family: str, variant: str, shared: dict):
                   {k: rate(r) for k, r in pts["weak"].items()}, {k: rate(r) for k, r in pts["strong"].items()},
                   {k: nodes_of(r) for sc in pts.values() for k, r in sc.items() if nodes_of(r) > 1},
                   sigma or 0.0, "straggler sigma from k=1's step p10/p90" if sigma else
-                  "no per-rank step times at k=1: straggler term 0", **shared)
+                  "no per-rank step times at k=1: straggler term 0",
+                  no_overlap=(f"each gloo rank is pinned to its own {len(run['cpu_affinity'])} core(s), which its "
+                              "all-reduce's threads share with its backward" if pinned else ""), **shared)
 
 
 def series_list(results: dict) -> list[tuple[str, str]]:

@@ -104,6 +104,7 @@ class Series:
     fabric_from: str = ""                          # where a borrowed fabric came from
     noise_cv: float | None = None                  # one measurement's spread, where k=1's own says nothing
     noise_how: str = ""                            # where that spread came from
+    no_overlap: str = ""                           # why nothing can hide the all-reduce ("": something can)
     stragglers: dict = field(default_factory=dict) # {k: the probe's no_sync trials' (slowest - mean) / mean}
 
     def nodes_at(self, k: int) -> int:

@@ -24,7 +24,13 @@
   about 2). Anchored at k', the fabric's level cancels between T_ar(k') and T_ar(k);
   what it carries to k is its growth, 2(k-1)/k and the latency, and where it was
   measured at k itself, what it measured there.
-  Where nothing ran below k (k=2), the overlap is simulated (overlap="simulated"): bucket
+  Where nothing ran below k (k=2) in one host and the ranks have nothing to run an
+  all-reduce beside the backward (a CPU stand-in's rank pinned to its own cores: gloo's
+  threads share them, dpscale.measure.torch_job.pin, and over loopback its transport is
+  those cores' copies and sums), nothing is hidden: f = 1 (the 16-core stand-in's k=2
+  probe, two rounds: 1.64 and 1.27). Across a link the core waits on the wire, and that can overlap (the
+  two-node stand-in at 500 Mbit/s: f = 1 would say 37.9% where 46.7% was measured).
+  Where nothing ran below k otherwise, the overlap is simulated (overlap="simulated"): bucket
   i is ready once the backward has produced the gradient bytes up to its end (DDP's
   bucket order; the backward taken as backward_share of t_c, producing bytes at an even
   rate), the buckets' all-reduces run one after another, and what runs past the

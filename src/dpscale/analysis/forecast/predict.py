@@ -41,11 +41,12 @@ def draws(s: Series, k: int, rule: str, given: fit.Given, cfg: dict, *, nodes: i
 def band(models: list[fc.StepModel] | str, s: Series, scaling: str, k: int, cfg: dict,
          keys=("efficiency", "step_ms")) -> dict:
     """{key_lo, key_hi} at k over the draws' models, each with one measurement's spread
-    (k=1's replicate cv) on its rate; {"band_none": why} without draws."""
+    on its rate (the replicate cv of the largest measured k below, fit.spread);
+    {"band_none": why} without draws."""
     if isinstance(models, str):
         return {"band_none": models}
     rng = np.random.default_rng(cfg["seed"] + k)
-    cv = fit.spread(s) or 0.0
+    cv = fit.spread(s, scaling, below=k) or 0.0
     vals = {key: [] for key in keys}
     for m in models:
         p = point(m, s, scaling, k)
