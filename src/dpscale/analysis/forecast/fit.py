@@ -189,7 +189,7 @@ def spread(s: Series, scaling: str | None = None, below: int | None = None) -> f
     """One replicate's relative spread: with `below`, of the point of `scaling` at the
     largest k' < below that has one (a measurement at k is noisier than k=1's where ranks
     side by side meet more of the host's neighbours: the 16-core stand-in's launches
-    spread 1-4% at k=1 and 6-15% at k=4 and 8), else at k=1 (the weak point's, else the
+    had a cv of 1.1-6.1% at k=1 and 2.1-17.7% at k = 2, 4, 8 in session 41), else at k=1 (the weak point's, else the
     strong's), else the one the series was given (borrowed from a machine with the same GPU)."""
     if below is not None and scaling is not None:
         near = [x for x, r in s.rates(scaling).items() if x < below and r.cv() is not None]
