@@ -71,7 +71,7 @@ UNITS = (
     (r"(^|_)bytes$", "B"),
     (r"_(elements|floats)$", "elements"),
     (r"^flops_per_sample$", "FLOP/sample"),
-    (r"(^mfu$|fraction|_share_|_over_|ratio|^rel_diff$|threshold$|_lag_|efficiency|speedup|^max_abs_)", "1"),
+    (r"(^mfu$|fraction|_share_|_share$|_over_|ratio|^rel_diff$|threshold$|_lag_|efficiency|speedup|^max_abs_)", "1"),
     (r"^loss", "1"),
     (r"(^repeats$|^launches$|(^|_)batch$|^steps_per_epoch$|_chars$)", "count"),
     (r"^representative_launch$", "index"),
