@@ -175,3 +175,30 @@ def test_one_timed_epoch_needs_launches_for_an_interval():
                           CPU_FP)["protocol"]["repeats"] == 2
     with pytest.raises(ConfigError, match=r"^scales.smoke.repeats: 1 timed"):
         config.resolve({**base, "scale": "smoke", "scales": {"smoke": {"repeats": 1}}}, CPU_FP)
+
+
+def test_rounds_pool_every_launch_and_keep_one_launch_coherent():
+    """Two rounds of one point (dpscale.run.rounds): every launch listed, the interval
+    across all six, the recorded figure and its metrics one launch's (the lower median
+    of the rounds'); a probe's pairs concatenated and its median and straggler share
+    recomputed; a lone round's result as it was."""
+    from dpscale.run import rounds
+    a = launches.merge([launch_result(v) for v in (100.0, 104.0, 102.0)])
+    b = launches.merge([launch_result(v) for v in (130.0, 90.0, 120.0)])
+    p = rounds.pool([a, b], ["r1", "r2"])
+    m = p["metrics"]
+    assert m["samples_per_s_launches"] == [100.0, 104.0, 102.0, 130.0, 90.0, 120.0] and m["launches"] == 6
+    assert len(m["samples_per_s_launch_repeats"]) == 6 and p["pooled_from"] == ["r1", "r2"]
+    iv = stats.interval(m["samples_per_s_launches"])
+    assert m["samples_per_s_ci95"] == [iv["ci_lo"], iv["ci_hi"]] and m["samples_per_s_ci95_covers"] == "independent launches"
+    assert m["samples_per_s"] == 102.0 and m["epoch_s"] == pytest.approx(1000 / 102.0)   # one launch's, coherent
+    assert m["samples_per_s_launches"][m["representative_launch"] - 1] == 102.0
+
+    def probe(synced, silent, shares):
+        return {"status": "ok", "metrics": {"synced_ms_pairs": synced, "no_sync_ms_pairs": silent,
+                                            "comm_ms_pairs": [x - y for x, y in zip(synced, silent)],
+                                            "straggler_share_pairs": shares, "no_sync_ms_ranks": [silent, silent]}}
+    q = rounds.pool([probe([10.0, 12.0], [5.0, 6.0], [0.1, 0.2]), probe([20.0], [5.0], [0.6])], ["r1", "r2"])["metrics"]
+    assert q["comm_ms_pairs"] == [5.0, 6.0, 15.0] and q["comm_ms"] == 6.0 and q["pairs"] == 3
+    assert q["straggler_share"] == pytest.approx(0.3) and q["no_sync_ms_ranks"] == [[5.0, 6.0, 5.0]] * 2
+    assert rounds.pool([a], ["r1"]) == a
