@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fcol
 from torch import nn
 
-from dpscale.analysis import costmodel, stats
+from dpscale.analysis import costmodel, probe, stats
 from dpscale.results import load_result
 from dpscale.measure.timing import summary, sync
 from dpscale.measure.torch_ddp import bucket_sizes, build_ddp
@@ -73,36 +73,6 @@ def paired_trials(ctx: Ctx, synced, silent, pairs: int) -> torch.Tensor:
     return torch.stack([t.cpu() for t in every])
 
 
-def straggler_shares(no_sync_ms) -> list[float]:
-    """Per no_sync() trial (no communication: each rank's own compute), what waiting for
-    the slowest rank adds over the ranks' mean, as a share of that mean:
-    (max - mean) / mean over ranks. no_sync_ms: [ranks][trials]."""
-    t = torch.as_tensor(no_sync_ms, dtype=torch.float64)
-    mean = t.mean(dim=0)
-    return ((t.max(dim=0).values - mean) / mean).tolist()
-
-
-def probe_metrics(synced: list[float], silent: list[float]) -> dict:
-    """The paired differences, their median with its order-statistic 95% interval."""
-    diffs = [a - b for a, b in zip(synced, silent)]
-    mi = stats.median_interval(diffs)
-    return {"pairs": len(diffs), "pair_order": "synced first on even pairs, no_sync() first on odd ones",
-            "synced_ms_pairs": synced, "no_sync_ms_pairs": silent, "comm_ms_pairs": diffs,
-            "comm_ms": mi["median"], "comm_ms_ci95": [mi["ci_lo"], mi["ci_hi"]],
-            "comm_ms_ci95_coverage": mi["coverage"],
-            "synced_ms": statistics.median(synced), "no_sync_ms": statistics.median(silent)}
-
-
-def straggler_metrics(every: torch.Tensor) -> dict:
-    """The no_sync() arm's ranks apart: each rank's trial times and the straggler share
-    per trial (what the forecast's straggler term reads), with its mean (what a step pays
-    on average: the forecast's expectation)."""
-    ranks = every[:, :, 1].tolist()
-    shares = straggler_shares(ranks)
-    return {"no_sync_ms_ranks": ranks, "straggler_share_pairs": shares,
-            "straggler_share": statistics.fmean(shares)}
-
-
 def probe_predictions(ctx: Ctx, buckets: list[int]) -> dict:
     """The cost model's comm time for these buckets, priced with the k=2 all-reduce sweep."""
     path = ctx.spec["inputs"].get("allreduce", {}).get("2")
@@ -141,15 +111,12 @@ def exp_comm_probe(ctx: Ctx):
                                 "no_sync_ms_median": statistics.median(mine[:, 1].tolist())})
     buckets = bucket_sizes(ctx)
     n_bytes = 4 * sum(p.numel() for p in model.parameters())
-    m = {**probe_metrics(slowest[:, 0].tolist(), slowest[:, 1].tolist()), **straggler_metrics(every),
+    m = {**probe.paired(slowest[:, 0].tolist(), slowest[:, 1].tolist()), **probe.stragglers(every[:, :, 1].tolist()),
          "grad_bytes": n_bytes, "bucket_bytes": buckets,
          "per_rank": rows, "book_beta_GBps": 4.5, "pred_book_ms": 1e3 * 2 * n_bytes / 4.5e9}
     m.update(probe_predictions(ctx, buckets or [n_bytes]))
+    m.update(probe.verdicts(m))
     lo, hi = m["comm_ms_ci95"]
-    m["comm_vs_zero"] = stats.excludes(lo, hi, 0.0)   # True: the interval leaves 0 out
-    for key in ("pred_flat_ms", "pred_ring_ms", "pred_book_ms"):
-        if key in m:
-            m[f"comm_vs_{key}"] = stats.excludes(lo, hi, m[key])
     if slept is not None:   # a result measured with the test hook says so, and where it slept
         w = ctx.proto["probe_warmup"]
         m["injected_delay"] = {"ms": float(ctx.fault.get("ms", 50)), "every": int(ctx.fault.get("every", 1)),

@@ -16,11 +16,10 @@ from __future__ import annotations
 import copy
 import statistics
 
-from dpscale.analysis import stats
+from dpscale.analysis import probe, stats
 from dpscale.run import launches
 
 M = launches.METRIC
-PAIRS = ("synced_ms_pairs", "no_sync_ms_pairs", "straggler_share_pairs")
 
 
 def throughput(rounds: list[dict]) -> dict:
@@ -38,26 +37,16 @@ def throughput(rounds: list[dict]) -> dict:
     return out
 
 
-def probe(rounds: list[dict]) -> dict:
+def pooled_probe(rounds: list[dict]) -> dict:
     out = copy.deepcopy(rounds[0])
     m = out["metrics"]
-    for key in PAIRS:
-        if all(key in r["metrics"] for r in rounds):
-            m[key] = [x for r in rounds for x in r["metrics"][key]]
-    if all("no_sync_ms_ranks" in r["metrics"] for r in rounds):
-        m["no_sync_ms_ranks"] = [sum(ranks, []) for ranks in zip(*(r["metrics"]["no_sync_ms_ranks"] for r in rounds))]
-    diffs = [a - b for a, b in zip(m["synced_ms_pairs"], m["no_sync_ms_pairs"])]
-    mi = stats.median_interval(diffs)
-    m.update({"pairs": len(diffs), "comm_ms_pairs": diffs, "comm_ms": mi["median"],
-              "comm_ms_ci95": [mi["ci_lo"], mi["ci_hi"]], "comm_ms_ci95_coverage": mi["coverage"],
-              "synced_ms": statistics.median(m["synced_ms_pairs"]),
-              "no_sync_ms": statistics.median(m["no_sync_ms_pairs"]),
-              "comm_vs_zero": stats.excludes(mi["ci_lo"], mi["ci_hi"], 0.0)})
-    for key in ("pred_flat_ms", "pred_ring_ms", "pred_book_ms"):
-        if key in m:
-            m[f"comm_vs_{key}"] = stats.excludes(mi["ci_lo"], mi["ci_hi"], m[key])
-    if "straggler_share_pairs" in m:
+    cat = lambda key: [x for r in rounds for x in r["metrics"][key]]   # noqa: E731
+    m.update(probe.paired(cat("synced_ms_pairs"), cat("no_sync_ms_pairs")))
+    if all("straggler_share_pairs" in r["metrics"] for r in rounds):   # each round's own, as measured
+        m["straggler_share_pairs"] = cat("straggler_share_pairs")
         m["straggler_share"] = statistics.fmean(m["straggler_share_pairs"])
+        m["no_sync_ms_ranks"] = [sum(ranks, []) for ranks in zip(*(r["metrics"]["no_sync_ms_ranks"] for r in rounds))]
+    m.update(probe.verdicts(m))
     return out
 
 
@@ -67,7 +56,7 @@ def pool(rounds: list[dict], names: list[str]) -> dict:
     m = rounds[0]["metrics"]
     if len(rounds) == 1 or not (M in m or "comm_ms_pairs" in m):
         return copy.deepcopy(rounds[0])
-    out = throughput(rounds) if M in m else probe(rounds)
+    out = throughput(rounds) if M in m else pooled_probe(rounds)
     out["pooled_from"] = list(names)
     out["started_utc"] = min(r.get("started_utc", "") for r in rounds)
     out["finished_utc"] = max(r.get("finished_utc", "") for r in rounds)

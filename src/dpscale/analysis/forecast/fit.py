@@ -6,10 +6,10 @@ Rules (what a model of k may read besides k=1's compute and spread):
            link), the part nccl-tests gives for a cluster never trained on; the overlap
            from the probe (or the weak step) at the largest k' < k
   below_k  only sweeps and probes at k' < k: nothing measured at k
-Under every rule the straggler term and the band's spread come from below k too (the
-probe's ranks at the largest k' < k; the replicate spread of the largest measured k' < k).
   any      everything measured, one model for the forecast's grid: the sweep and the
            probe at the largest k each ran at
+Under at_k and below_k the straggler term and the band's spread come from below k too
+(the probe's ranks at the largest k' < k; the replicate spread of the largest measured k' < k).
 A machine given a fabric from a file (a user's nccl-tests output) uses it where its
 own sweeps say nothing, and lists it.
 
@@ -188,9 +188,10 @@ def build(s: Series, k: int, rule: str = "any", given: Given = Given(), rng=None
 def spread(s: Series, scaling: str | None = None, below: int | None = None) -> float | None:
     """One replicate's relative spread: with `below`, of the point of `scaling` at the
     largest k' < below that has one (a measurement at k is noisier than k=1's where ranks
-    side by side meet more of the host's neighbours: the 16-core stand-in's launches
-    had a cv of 1.1-6.1% at k=1 and 2.1-17.7% at k = 2, 4, 8 in session 41), else at k=1 (the weak point's, else the
-    strong's), else the one the series was given (borrowed from a machine with the same GPU)."""
+    side by side meet more of the host's neighbours: the 16-core stand-in's launches had
+    a cv of 1.1-6.1% at k=1 and 2.1-17.7% at k = 2, 4, 8 in session 41), else at k=1
+    (the weak point's, else the strong's), else the one the series was given (borrowed
+    from a machine with the same GPU)."""
     if below is not None and scaling is not None:
         near = [x for x, r in s.rates(scaling).items() if x < below and r.cv() is not None]
         if near:

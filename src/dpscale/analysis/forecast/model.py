@@ -28,8 +28,9 @@
   all-reduce beside the backward (a CPU stand-in's rank pinned to its own cores: gloo's
   threads share them, dpscale.measure.torch_job.pin, and over loopback its transport is
   those cores' copies and sums), nothing is hidden: f = 1 (the 16-core stand-in's k=2
-  probe, two rounds: 1.64 and 1.27). Across a link the core waits on the wire, and that can overlap (the
-  two-node stand-in at 500 Mbit/s: f = 1 would say 37.9% where 46.7% was measured).
+  probe, two rounds: 1.64 and 1.27). Across a link the core waits on the wire, and that
+  can overlap (the two-node stand-in at 500 Mbit/s: f = 1 would say 37.9% where 46.7%
+  was measured).
   Where nothing ran below k otherwise, the overlap is simulated (overlap="simulated"): bucket
   i is ready once the backward has produced the gradient bytes up to its end (DDP's
   bucket order; the backward taken as backward_share of t_c, producing bytes at an even
