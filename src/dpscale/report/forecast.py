@@ -257,7 +257,10 @@ def summary_rows(forecasts: list[dict]) -> list[dict]:
         out.append({"machine": f["machine"], "rows": s["model"]["n"], "mean_abs_error_points": s["model"]["mean_abs"],
                     "max_abs_error_points": s["model"]["max_abs"], "coverage": s["coverage"], "banded": s["banded"],
                     "naive_constant_mean_abs": s["naive_constant"]["mean_abs"],
-                    "naive_ring_mean_abs": s["naive_ring"]["mean_abs"]})
+                    "naive_ring_mean_abs": s["naive_ring"]["mean_abs"],
+                    "measured_halfwidth_max_points": s.get("measured_halfwidth_max_points"),
+                    "predicted_in_measured": s.get("predicted_in_measured"),
+                    "with_measured_interval": s.get("with_measured_interval")})
     return out
 
 
@@ -313,13 +316,17 @@ def validation_text(f: dict) -> list[str]:
         return ["  validation: no measured k >= 2 with a fabric to predict it from"]
     s = f["summary"]
     cov = f"{100 * s['coverage']:.0f}% of {s['banded']}" if s["coverage"] is not None else "no band"
+    reach = (f"; the measurement's own {100 * f['config']['band_level']:.0f}% interval: at most "
+             f"+-{s['measured_halfwidth_max_points']:.1f} points, {s['predicted_in_measured']} of "
+             f"{s['with_measured_interval']} predictions inside it" if s.get("with_measured_interval") else "")
     out = [f"  validation, every row: mean |error| {s['model']['mean_abs']:.1f} points, max {s['model']['max_abs']:.1f}; "
            f"band coverage {cov}; naive: constant {_pts(s['naive_constant']['mean_abs'])}, "
-           f"ring-scaled overhead {_pts(s['naive_ring']['mean_abs'])}"]
+           f"ring-scaled overhead {_pts(s['naive_ring']['mean_abs'])}{reach}"]
     for r in f["validation"]:
         band = f" [{_pc(r['predicted_lo'])}, {_pc(r['predicted_hi'])}]" if r["predicted_lo"] is not None else ""
+        mband = f" [{_pc(r['measured_lo'])}, {_pc(r['measured_hi'])}]" if r.get("measured_lo") is not None else ""
         out.append(f"    {r['series']} {r['scaling']:<6} k={r['k']:<3} {r['method']:<44} predicted "
-                   f"{_pc(r['predicted'])}%{band}, measured {_pc(r['measured'])}%, error {r['error_points']:+.1f}; "
+                   f"{_pc(r['predicted'])}%{band}, measured {_pc(r['measured'])}%{mband}, error {r['error_points']:+.1f}; "
                    f"overhead {r['predicted_overhead_ms']:.2f} vs {r['measured_overhead_ms']:.2f} ms; naive "
                    f"{_pc(r['naive_constant'])}% / {_pc(r['naive_ring'])}%")
         out.append(f"      from: {', '.join(r['inputs'])}")

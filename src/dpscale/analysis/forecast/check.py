@@ -1,7 +1,8 @@
 """The forecast checked against what it did not use: every measured k >= 2 of a series
 predicted by each rule that can (fit.RULES: the fabric at k; only what ran below k),
 with the inputs each row used, the overhead in ms beside the efficiency, two naive
-predictors beside the model, and the band's coverage.
+predictors beside the model, the band's coverage, and the measured efficiency's own
+interval (an error inside it is the measurement's, not the model's).
 
 Out of sample: a row never uses a throughput or probe measured at the k it predicts;
 the `at_k` rule's one input at k is the bare all-reduce there (a collective, not the
@@ -73,6 +74,10 @@ def row(s: Series, scaling: str, k: int, rule: str, given: fit.Given, cfg: dict)
     out.update(predicted_lo=bd.get("efficiency_lo"), predicted_hi=bd.get("efficiency_hi"), band_none=bd.get("band_none"))
     out["inside"] = (out["predicted_lo"] <= out["measured"] <= out["predicted_hi"]) if out["predicted_lo"] is not None \
         else None
+    mi = predict.measured_interval(s, scaling, k, cfg["band_level"])
+    out.update(measured_lo=mi["lo"], measured_hi=mi["hi"], measured_covers=mi["covers"])
+    # The measurement's own uncertainty: an error inside it is not the model's to explain.
+    out["predicted_in_measured"] = (mi["lo"] <= out["predicted"] <= mi["hi"]) if mi["lo"] is not None else None
     nv = naive(s, scaling, k, m)
     out.update(nv, **{f"{key}_error_points": (100 * (v - out["measured"]) if v is not None else None)
                       for key, v in nv.items()})
@@ -96,11 +101,18 @@ def leaks(r: dict) -> list[str]:
 
 def summary(rows: list[dict]) -> dict:
     """Over rows: n, mean and max |error| (points) of the model and of each naive
-    predictor, and the band's coverage (measured inside / rows with a band)."""
+    predictor, the band's coverage (measured inside / rows with a band), and the
+    measurement's own reach: the widest measured interval's half-width (points) and how
+    many predictions fall inside their measured interval."""
     def stats(key):
         errs = [abs(r[key]) for r in rows if r.get(key) is not None]
         return {"n": len(errs), "mean_abs": statistics.fmean(errs) if errs else None, "max_abs": max(errs, default=None)}
     banded = [r for r in rows if r.get("inside") is not None]
+    judged = [r for r in rows if r.get("predicted_in_measured") is not None]
     return {"model": stats("error_points"), "naive_constant": stats("naive_constant_error_points"),
             "naive_ring": stats("naive_ring_error_points"), "banded": len(banded),
-            "coverage": sum(r["inside"] for r in banded) / len(banded) if banded else None}
+            "coverage": sum(r["inside"] for r in banded) / len(banded) if banded else None,
+            "measured_halfwidth_max_points": max((50 * (r["measured_hi"] - r["measured_lo"]) for r in judged),
+                                                 default=None),
+            "with_measured_interval": len(judged),
+            "predicted_in_measured": sum(r["predicted_in_measured"] for r in judged)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpscale.analysis import stats
 from dpscale.analysis.forecast import fit, model as fc
 from dpscale.analysis.forecast.inputs import Series
 
@@ -107,6 +108,21 @@ def measured_efficiency(s: Series, scaling: str, k: int) -> float | None:
     if 1 not in rates or k not in rates:
         return None
     return rates[k].estimate() / (k * rates[1].estimate())
+
+
+def measured_interval(s: Series, scaling: str, k: int, level: float) -> dict:
+    """The measured efficiency's `level` interval, computed on the ratio: with u = 1/rate
+    per replicate (seconds per sample), e(k) = mean(u at 1) / (k mean(u at k)), the
+    ratio of two independent means (the points ran as separate launches): Fieller with
+    Welch's degrees of freedom (stats.ratio_ci). {lo, hi, covers}; lo and hi are None
+    where a side has fewer than two replicates (`covers` then says so)."""
+    rates = s.rates(scaling)
+    if 1 not in rates or k not in rates:
+        return {"lo": None, "hi": None, "covers": "not measured"}
+    (c1, x1), (ck, xk) = rates[1].units(), rates[k].units()
+    r = stats.ratio_ci([1 / x for x in x1], [1 / x for x in xk], level=level, scale=1 / k,
+                       covers=c1 if c1 == ck else f"{ck} at k over {c1} at k=1")
+    return {"lo": r["ci_lo"], "hi": r["ci_hi"], "covers": r["covers"] if r["ci_lo"] is not None else r["method"]}
 
 
 def knee(rows: list[dict], key: str, threshold: float) -> int | None:

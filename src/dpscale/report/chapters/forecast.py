@@ -20,14 +20,17 @@ GRID = ["machine", "series", "k", "nodes", "point", "weak_efficiency", "weak_eff
         "strong_measured", "strong_step_ms", "compute_ms", "exposed_comm_ms", "allreduce_ring_ms",
         "allreduce_tree_ms", "straggler_ms", "fabric_from", "inputs"]
 VALIDATION = ["machine", "series", "scaling", "k", "nodes", "method", "predicted", "predicted_lo", "predicted_hi",
-              "measured", "error_points", "inside", "predicted_overhead_ms", "measured_overhead_ms", "naive_constant",
+              "measured", "measured_lo", "measured_hi", "error_points", "inside", "predicted_in_measured",
+              "predicted_overhead_ms", "measured_overhead_ms", "naive_constant",
               "naive_constant_error_points", "naive_ring", "naive_ring_error_points", "compute_ms", "exposed_comm_ms",
               "straggler_ms", "overlap", "exposed_fraction", "beta_busbw_GBps", "inputs", "band_none", "how"]
 SUMMARY = ["machine", "rows", "mean_abs_error_points", "max_abs_error_points", "coverage", "banded",
-           "naive_constant_mean_abs", "naive_ring_mean_abs"]
+           "naive_constant_mean_abs", "naive_ring_mean_abs", "measured_halfwidth_max_points",
+           "predicted_in_measured", "with_measured_interval"]
 PERCENT = {"weak_efficiency", "weak_efficiency_lo", "weak_efficiency_hi", "weak_measured", "strong_efficiency",
            "strong_efficiency_lo", "strong_efficiency_hi", "strong_measured", "predicted", "predicted_lo",
-           "predicted_hi", "measured", "naive_constant", "naive_ring", "exposed_fraction", "coverage"}
+           "predicted_hi", "measured", "measured_lo", "measured_hi", "naive_constant", "naive_ring", "exposed_fraction",
+           "coverage"}
 
 
 def percent(rows: list[dict]) -> list[dict]:
