@@ -187,9 +187,12 @@ def trimmed(values: Iterable[float | None]) -> dict | None:
 
 
 def _percentiles(draws, level: float) -> tuple[float, float]:
-    """The central `level` percentile interval of Monte Carlo draws."""
+    """The central `level` percentile interval of Monte Carlo draws, as order statistics
+    (the draw at or just outside each end): a draw may be inf (B_crit of a slope <= 0),
+    and interpolating between two infs is inf - inf, nan and a RuntimeWarning."""
     import numpy as np
-    lo, hi = np.percentile(draws, [50 * (1 - level), 50 * (1 + level)])
+    lo = np.percentile(draws, 50 * (1 - level), method="lower")
+    hi = np.percentile(draws, 50 * (1 + level), method="higher")
     return float(lo), float(hi)
 
 
