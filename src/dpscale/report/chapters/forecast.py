@@ -42,6 +42,9 @@ def percent(rows: list[dict]) -> list[dict]:
 def summary_text(f: dict) -> str:
     s = f["summary"]
     cov = f", {pct(s['coverage'])} inside the band" if s["coverage"] is not None else ""
+    if s.get("with_measured_interval"):
+        cov += (f", {s['predicted_in_measured']} of {s['with_measured_interval']} predictions inside the measured "
+                f"interval (widest +-{s['measured_halfwidth_max_points']:.1f} points)")
     return (f"{f['label']}: {s['model']['n']} rows predicted out of sample, mean |error| "
             f"{s['model']['mean_abs']:.1f} points, max {s['model']['max_abs']:.1f}{cov} (naive: constant "
             f"{s['naive_constant']['mean_abs']:.1f}" + (f", ring-scaled {s['naive_ring']['mean_abs']:.1f}"
