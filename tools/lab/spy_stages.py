@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Read a py-spy speedscope profile (tools/gpu/profile_launch.sh) as a timeline: per
+"""Read a py-spy speedscope profile (tools/lab/profile_launch.sh) as a timeline: per
 process and thread, the runs of consecutive samples that sat in the same place, the
 place being the deepest frame of this project (dpscale/ or scripts/) and the frame it
 called, so a reader sees in order where a launch's seconds went, idle waits included.
 
-    python3 tools/gpu/spy_stages.py PROFILE.speedscope.json [--min-s 0.3] [--match rank]
+    python3 tools/lab/spy_stages.py PROFILE.speedscope.json [--min-s 0.3] [--match rank]
 """
 import argparse
 import json

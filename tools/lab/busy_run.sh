@@ -2,7 +2,7 @@
 # A measurement beside a second process that keeps the same GPU busy (issue: a shared
 # GPU gives a plausible, wrong number): the pipeline must flag it in the result and
 # the report. Runs in $1 (a fresh folder), DDP weak (seed, cached) at k=1, one launch.
-#   bash tools/gpu/busy_run.sh /tmp/busy [SECONDS]
+#   bash tools/lab/busy_run.sh /tmp/busy [SECONDS]
 set -u
 work=$1; limit=${2:-240}; repo=$PWD
 mkdir -p "$work"

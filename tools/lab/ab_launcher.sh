@@ -3,10 +3,10 @@
 # as the pipeline launches it now (the worker alone under the watchdog) and under
 # torchrun --standalone --nproc-per-node=1 (as before 7aa3da0), interleaved A B A B, so
 # that a difference between the two launchers is told apart from the chip's drift.
-#   bash tools/gpu/ab_launcher.sh        (on the GPU machine; .whl/ and .fmnist/ carried)
+#   bash tools/lab/ab_launcher.sh        (on the GPU machine; .whl/ and .fmnist/ carried)
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/bin; command -v python >/dev/null || ln -sf "$(command -v python3)" /tmp/bin/python; export PATH=/tmp/bin:$PATH
-source "$(dirname "$0")/site.sh"
+source "$(dirname "$0")/../offline-gpu/site.sh"
 OUT=${OUT:-/tmp/ab}; mkdir -p $OUT
 R=results/runs/ddp_weak/cached/k1.json
 snakemake --cores 16 --scheduler greedy $R --config 'ks=[1]' 'scales={paper: {launches: 2}}' "data={source: auto, local_dir: $PWD/.fmnist}" > $OUT/smk.log 2>&1 || { tail -20 $OUT/smk.log; exit 1; }

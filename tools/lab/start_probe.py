@@ -4,9 +4,9 @@ torchrun's agent, the interpreter, `import torch`, CUDA's context, the process g
 the model, DDP's constructor (NCCL's communicator is made at its first collective),
 the first fp32 step (cuDNN's libraries load), and the teardown.
 
-    T0=$(date +%s.%N) torchrun --standalone --nproc-per-node=1 tools/gpu/start_probe.py [--eager]
+    T0=$(date +%s.%N) torchrun --standalone --nproc-per-node=1 tools/lab/start_probe.py [--eager]
     T0=$(date +%s.%N) RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 \
-        python3 tools/gpu/start_probe.py
+        python3 tools/lab/start_probe.py
 
 --eager passes device_id to init_process_group (NCCL's communicator made there, not
 at DDP's first collective). One line per stage: seconds, and since T0.

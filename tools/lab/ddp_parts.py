@@ -3,7 +3,7 @@
 (rank r on core CORE0 + r), one thread each, the stand-in's step (ResNet-18, 16 px,
 batch 8, SGD with momentum). Run under torchrun at each world size:
 
-    for w in 1 2 4 8; do CORE0=2 torchrun --standalone --nproc-per-node $w tools/gpu/ddp_parts.py; done
+    for w in 1 2 4 8; do CORE0=2 torchrun --standalone --nproc-per-node $w tools/lab/ddp_parts.py; done
 
 Prints, rank 0, medians over PAIRS interleaved trials, each from a barrier (the slowest
 rank's time is the trial's): the training step (zero_grad, forward, synced backward,

@@ -8,8 +8,8 @@ The forward statistics (conv_fprop + genstats) are in dpscale.model.fused_convbn
   dgrad_drelu_red the same, then the two BN-backward reductions sum(dt), sum(dt*y)
 Each: cuDNN's support verdict, its time, the torch pieces it replaces (cuDNN conv plus a
 compiled pointwise/reduction pass), and its error against torch. fp16 NHWC, batch 256.
-Run on the GPU machine with the cudnn frontend importable (tools/gpu/site.sh); one JSON
-line per graph and shape: python tools/gpu/cudnn_bwd_fusion_probe.py"""
+Run on the GPU machine with the cudnn frontend importable (tools/offline-gpu/site.sh); one JSON
+line per graph and shape: python tools/lab/cudnn_bwd_fusion_probe.py"""
 import json
 import re
 

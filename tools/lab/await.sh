@@ -1,8 +1,8 @@
 #!/bin/bash
-# Follows a run that tools/gpu/detach.sh started: waits until it ends or SECONDS pass,
+# Follows a run that tools/lab/detach.sh started: waits until it ends or SECONDS pass,
 # printing Snakemake's progress and the newest heartbeat of each job's log every minute,
 # then copies what the run has written so far (smk.log, run.log; results.tgz once it
-# ended; else partial.tgz of the results and logs so far) to $OUT.   bash tools/gpu/await.sh SECONDS
+# ended; else partial.tgz of the results and logs so far) to $OUT.   bash tools/lab/await.sh SECONDS
 t0=$(date +%s); last=0
 while [ ! -f /tmp/gpu-out/rc ] && [ $(( $(date +%s) - t0 )) -lt "$1" ]; do
   sleep 5

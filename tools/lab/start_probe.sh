@@ -1,9 +1,9 @@
 #!/bin/bash
-# tools/gpu/start_probe.py under torchrun and without, lazy and eager NCCL, and NCCL's
+# tools/lab/start_probe.py under torchrun and without, lazy and eager NCCL, and NCCL's
 # own INIT lines with timestamps; then torchrun's agent alone (a script that only
 # prints). Each run prints how long its process took after its last line.
 cd "$(dirname "$0")/../.."
-P=tools/gpu/start_probe.py
+P=tools/lab/start_probe.py
 ts() { date +%s.%N; }
 after() { python3 -c "import sys; print(f'  torchrun/python gone {float(sys.argv[2]) - float(sys.argv[1]):.3f} s after end_unix')" "$1" "$2"; }
 one() {  # label, command...

@@ -7,14 +7,14 @@
 #   git archive --format=tar.gz -o ab_old.tar.gz OLD_COMMIT          (here: the old tree,
 #       untracked and not ignored, so the device call copies it)
 #   OLD=OLD_COMMIT NEW=NEW_COMMIT [SERIES=ddp_weak/tuned] [ROUNDS=2] [STOP_AFTER_S=450] \
-#       bash tools/gpu/ab_commit.sh        (on the GPU machine; .whl/ and .fmnist/ carried)
+#       bash tools/lab/ab_commit.sh        (on the GPU machine; .whl/ and .fmnist/ carried)
 # STOP_AFTER_S: no turn starts after that many seconds (a device call ends at 600 s), so
 # the turns done come back whole; summary.txt is in $OUT as each turn ends.
 # Each turn's result JSON, job log and Snakemake log, and one line per turn (summary.txt),
 # come back as $OUT/ab_commit.tgz (a device call returns at most 8 files).
 export PYTHONUNBUFFERED=1
 mkdir -p /tmp/bin; command -v python >/dev/null || ln -sf "$(command -v python3)" /tmp/bin/python; export PATH=/tmp/bin:$PATH
-source "$(dirname "$0")/site.sh"
+source "$(dirname "$0")/../offline-gpu/site.sh"
 DEST=${OUT:-.}; OUT=/tmp/ab_commit; rm -rf $OUT; mkdir -p $OUT; ROUNDS=${ROUNDS:-2}; HERE=$PWD
 OLD_TREE=/tmp/ab_old; rm -rf $OLD_TREE; mkdir -p $OLD_TREE; tar xzf ab_old.tar.gz -C $OLD_TREE
 SERIES=${SERIES:-ddp_weak/cached}; R=results/runs/$SERIES/k1.json; T0=$(date +%s)

@@ -1,18 +1,18 @@
 #!/bin/bash
-# A GPU run longer than one device call (each call stops at 10 minutes): tools/gpu/run.sh
+# A GPU run longer than one device call (each call stops at 10 minutes): tools/offline-gpu/run.sh
 # started in its own session, so it outlives the call while the machine stays warm, and
 # followed by later calls.
-#   bash tools/gpu/run_bg.sh start [snakemake --config args]   # starts it, then waits as `wait`
-#   bash tools/gpu/run_bg.sh wait                              # follows it for up to WAIT_S (570) s
+#   bash tools/lab/run_bg.sh start [snakemake --config args]   # starts it, then waits as `wait`
+#   bash tools/lab/run_bg.sh wait                              # follows it for up to WAIT_S (570) s
 # Each call copies into $OUT what run.sh has written so far (smk.log; results.tgz once it
 # ended) and its own lines, and says whether the run has ended. KS, TARGETS and
 # DPSCALE_GIT_COMMIT as for run.sh; the run's own limit is LIMIT_S (3000). RUNNER: the
-# script started (default tools/gpu/run.sh; tools/gpu/cpu_standin.sh takes the same
+# script started (default tools/offline-gpu/run.sh; tools/lab/cpu_standin.sh takes the same
 # arguments and also leaves forecast.txt and forecast.json).
 OUT=${OUT:-.}; BG=/tmp/dpscale-bg
 if [ "$1" = start ]; then
   shift; rm -rf $BG; mkdir -p $BG; date +%s > $BG/t0
-  OUT=$BG setsid nohup bash -c 'bash '"${RUNNER:-tools/gpu/run.sh}"' "$@" > '$BG'/run.out 2>&1; echo $? > '$BG'/rc' \
+  OUT=$BG setsid nohup bash -c 'bash '"${RUNNER:-tools/offline-gpu/run.sh}"' "$@" > '$BG'/run.out 2>&1; echo $? > '$BG'/rc' \
     run_bg "${LIMIT_S:-3000}" "$@" < /dev/null > /dev/null 2>&1 &
 fi
 end=$(( $(date +%s) + ${WAIT_S:-570} ))

@@ -17,7 +17,7 @@ Every result is printed as a JSON line when it is known, and $OUT/probe_roofline
 (or --out DIR) is rewritten after every stage, so a run stopped by its budget or killed
 keeps what it had; readable tables come last. Variants run in order of worth and are
 skipped once the budget cannot hold another (the first one's time sets the estimate).
-Usage: timeout -s INT 250 python tools/gpu/probe_roofline.py [--budget-s 200] [--variants base,all,...]
+Usage: timeout -s INT 250 python tools/lab/probe_roofline.py [--budget-s 200] [--variants base,all,...]
          [--layers base,all] [--kernels fp16_genstats,...] [--smoke]
   --smoke: 16x16 images, batch 4, gloo on the CPU, no compile, no graph (a typo check).
   A SIGINT (timeout -s INT) stops the stage under way and still prints the tables."""

@@ -3,7 +3,7 @@
 and beside others (issue #30: one pinned rank read 62.6, 78.2 and 68.7 samples/s in
 three launches a minute apart on the H200 box's 16 cores).
 
-    python3 tools/gpu/core_probe.py [--cores 2-15] [--seconds 4] [--rounds 3]
+    python3 tools/lab/core_probe.py [--cores 2-15] [--seconds 4] [--rounds 3]
 
 Prints the CPU topology (which logical CPUs share a physical core) and, for n = 1, 2,
 4, 8 processes each pinned to its own logical CPU (the stand-in's placement: the first

@@ -2,8 +2,8 @@
 # Where a launch's seconds go, sampled: py-spy (its wheel in .diag/) records every
 # process of one Snakemake job (watchdog, torchrun, ranks, inductor's compile workers),
 # idle frames included, as collapsed stacks per process:
-#   bash tools/gpu/profile_launch.sh NAME TARGET [snakemake --config args]
-# leaves $OUT/NAME.speedscope.json (tools/gpu/spy_stages.py reads it) and NAME.json, NAME.log.
+#   bash tools/lab/profile_launch.sh NAME TARGET [snakemake --config args]
+# leaves $OUT/NAME.speedscope.json (tools/lab/spy_stages.py reads it) and NAME.json, NAME.log.
 # --nonblocking: the sampled processes are never paused, so the timing stays the job's.
 OUT=${OUT:-.}
 python3 -m pip install -q --no-index --no-deps --target /tmp/spy .diag/py_spy-*.whl >/dev/null 2>&1

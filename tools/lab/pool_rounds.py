@@ -1,7 +1,7 @@
 """Pool rounds of one stand-in protocol into one results folder the forecast reads
 (dpscale.run.rounds says how and why):
 
-    python tools/gpu/pool_rounds.py OUT ROUND1/results ROUND2/results ...
+    python tools/lab/pool_rounds.py OUT ROUND1/results ROUND2/results ...
 
 The first round's fingerprint and data records are copied; a point measured in one
 round is copied as it is.
