@@ -11,7 +11,7 @@ from pathlib import Path
 
 # Under pytest-xdist each worker computes with its share of the cores, it and every
 # process it starts (torch's intra-op pool reads OMP_NUM_THREADS when it starts): two
-# workers each running torch with all cores oversubscribe the box (tools/gpu/
+# workers each running torch with all cores oversubscribe the box (tools/lab/
 # probe_roofline.py --smoke, as test_probe runs it, on 2 cores: 9.1 s alone; beside two
 # busy one-thread torch processes 40.6 s with torch's default 2 threads, 18.3 s with 1;
 # it took 70 s in an xdist run without this). A thread count the user set is kept.

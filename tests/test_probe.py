@@ -1,4 +1,4 @@
-"""tools/gpu/probe_roofline.py and the package pieces behind it (dpscale.lab.layer_profile,
+"""tools/lab/probe_roofline.py and the package pieces behind it (dpscale.lab.layer_profile,
 dpscale.lab.tuned_probe), on the CPU: the lead's device minutes go to measuring, not to typos."""
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_loss_check_reads_differences_against_the_first_loss():
 
 @pytest.mark.multiproc
 def test_probe_runs_end_to_end_at_smoke_size(tmp_path):
-    cmd = [sys.executable, str(ROOT / "tools/gpu/probe_roofline.py"), "--smoke", "--out", str(tmp_path),
+    cmd = [sys.executable, str(ROOT / "tools/lab/probe_roofline.py"), "--smoke", "--out", str(tmp_path),
            "--variants", "base,all,stem_direct,nonsense"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env_with_src(), timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -29,7 +29,7 @@ def test_the_default_profile_keeps_snakemakes_own_output():
 def test_the_plugin_is_a_dependency_and_on_the_gpu_wheel_list():
     text = (ROOT / "pyproject.toml").read_text()
     assert '"snakemake-logger-plugin-rich>=' in text   # installed by the README's `pip install -e .`
-    wheels = [ln for ln in (ROOT / "tools/gpu/wheels.txt").read_text().splitlines() if ln and not ln.startswith("#")]
+    wheels = [ln for ln in (ROOT / "tools/offline-gpu/wheels.txt").read_text().splitlines() if ln and not ln.startswith("#")]
     assert any(ln.startswith("snakemake-logger-plugin-rich==") for ln in wheels)
 
 

@@ -6,7 +6,7 @@ under capture). Skipped without CUDA; on a GPU machine:
 
     python -m pytest -q -m gpu tests/test_tta_gpu.py
 
-(On the lent image, `source tools/gpu/site.sh` first: a job's result is checked against
+(On the lent image, `source tools/offline-gpu/site.sh` first: a job's result is checked against
 its schema as it is written, and the image has no jsonschema.)
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pieces of tools/gpu/probe_roofline.py: the tuned DDP step and its cheap-win
+"""The pieces of tools/lab/probe_roofline.py: the tuned DDP step and its cheap-win
 variants timed side by side with the pipeline's own build_ddp and GraphedStep, the
 rates the roofline needs, and the eager per-layer profile beside the roofline.
 Not part of the pipeline (no experiment runs it); torch is imported here.
