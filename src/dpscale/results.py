@@ -7,14 +7,22 @@ skipped, with `reason` when not ok), `metrics` (names carry units), `config`,
 experiment's modules: dpscale.provenance). schemas/result.schema.yaml publishes the
 contract; make_result checks every result against it before anything writes one, and
 load_result every result it reads (jsonschema: a dependency, as Snakemake's own).
+
+Every writer seals what it writes (`save`: a `digest`, the sha256 of the result's JSON
+without it), and every reader checks the seal (`audit`, `load_result`): a result that was
+deleted, truncated, made invalid or edited by hand is never read as a number. The
+workflow measures such a result again (dpscale.plan.replan), the report refuses to be
+built from one, and the end of a run names it.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import functools
+import hashlib
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +39,12 @@ RUNS = "results/runs"
 def job_label(experiment: str, variant: str, k) -> str:
     """"ddp_weak/cached/k2": how a job is named in logs, reasons and plans."""
     return f"{experiment}/{variant}/k{k}"
+
+
+def label_of(path: str | os.PathLike) -> str:
+    """"results/runs/ddp_weak/cached/k2.json" (any root) -> "ddp_weak/cached/k2"."""
+    p = Path(path)
+    return f"{p.parent.parent.name}/{p.parent.name}/{p.name.removesuffix('.json')}"
 
 
 def result_path(experiment: str, variant: str, k, root: str = RUNS) -> str:
@@ -139,13 +153,90 @@ def validate_result(obj: dict, where: str = "result") -> dict:
     return check_schema(obj, where)
 
 
-def load_result(path: str | os.PathLike) -> dict:
-    path = Path(path)
+# ---------------------------------------------------------------- the seal
+
+SEAL_OF = "the result's JSON without `digest`: keys sorted, separators ',' and ':', UTF-8"
+# What an audit finds: sound, or why the file cannot be read as the number it claims.
+SOUND, MISSING, UNREADABLE, ALTERED, UNSEALED = "sound", "missing", "unreadable", "altered", "unsealed"
+
+
+def digest_of(obj: dict) -> str:
+    """sha256 of a result's canonical JSON without its `digest` key. Canonical, so that
+    the seal survives a reader's round trip (json floats print as their repr)."""
+    body = {key: v for key, v in obj.items() if key != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_jsonable)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def seal(result: dict) -> dict:
+    """The result as it will be read back (numpy scalars as numbers), with its digest."""
+    plain = json.loads(json.dumps(result, default=_jsonable))
+    plain["digest"] = {"sha256": digest_of(plain), "of": SEAL_OF}
+    return plain
+
+
+def save(path: str | os.PathLike, result: dict) -> dict:
+    """Write a result, sealed, atomically: the one way a result reaches the disk."""
+    sealed = seal(result)
+    write_json_atomic(path, sealed)
+    return sealed
+
+
+@dataclass(frozen=True)
+class Audit:
+    """What a result file holds now: `state` is sound, missing, unreadable, altered or
+    unsealed; `reason` says why it is not sound; `digest` and `status` when it is."""
+    path: str
+    state: str
+    reason: str | None = None
+    digest: str | None = None
+    status: str | None = None
+
+    @property
+    def sound(self) -> bool:
+        return self.state == SOUND
+
+    def line(self) -> str:
+        return f"{self.path}: {self.state}: {self.reason}"
+
+
+def audit(path: str | os.PathLike) -> Audit:
+    """Read a result file and check its seal and the contract, never raising."""
+    p = str(path)
     try:
-        obj = json.loads(path.read_text())
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return Audit(p, MISSING, "no file")
+    except (OSError, UnicodeDecodeError) as e:
+        return Audit(p, UNREADABLE, f"cannot be read ({e})")
+    try:
+        obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e}); delete it and rerun snakemake") from e
-    return validate_result(obj, str(path))
+        return Audit(p, UNREADABLE, f"not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}: "
+                                    "truncated or overwritten)")
+    if not isinstance(obj, dict):
+        return Audit(p, UNREADABLE, f"holds a JSON {type(obj).__name__}, not a result")
+    seal_ = obj.get("digest")
+    if not isinstance(seal_, dict) or not isinstance(seal_.get("sha256"), str):
+        return Audit(p, UNSEALED, "it carries no digest (written by hand, or by a dpscale older than the seal), "
+                                  "so nothing shows it is what was measured")
+    if seal_["sha256"] != digest_of(obj):
+        return Audit(p, ALTERED, "its content does not match its digest (edited by hand, or damaged)")
+    try:
+        validate_result(obj, p)
+    except ValueError as e:
+        return Audit(p, UNREADABLE, f"not a result of this contract ({e})")
+    return Audit(p, SOUND, None, seal_["sha256"], obj["status"])
+
+
+def load_result(path: str | os.PathLike) -> dict:
+    """A result, checked: its seal and the contract. ValueError names the file and why."""
+    a = audit(path)
+    if a.state == MISSING:
+        raise FileNotFoundError(f"{path}: no such result")
+    if not a.sound:
+        raise ValueError(a.line())
+    return json.loads(Path(path).read_text())
 
 
 def data_provenance(meta: dict) -> dict:
@@ -170,15 +261,15 @@ def write_result(spec: dict, path: str | os.PathLike, metrics: dict, started_utc
                          code=provenance.code_record(registry.get(spec["experiment"]).sources),
                          **({"gpu_state": gpu_state} if gpu_state is not None else {}),
                          **({"launch": dict(spec["launch"])} if spec.get("launch") else {}))
-    write_json_atomic(path, result)
-    return result
+    return save(path, result)
 
 
 # ---------------------------------------------------------------- failed attempts
 
 def failures_path(result: str | os.PathLike) -> Path:
     """Beside results/runs/<exp>/<variant>/k<k>.json, k<k>.failures: one line per
-    failed attempt, appended by the watchdog, never rewritten."""
+    failed attempt, appended by the watchdog, and per result found missing, damaged or
+    altered by the planner (dpscale.plan.replan); never rewritten."""
     return Path(result).with_suffix(".failures")
 
 
