@@ -12,12 +12,14 @@ min_version("9.0")
 sys.path.insert(0, f"{workflow.basedir}/src")
 from dpscale.plan.config import ConfigError, coerce_cli_types
 from dpscale.plan.configcheck import check
+from dpscale.run.lifeline import mark_snakemake
 from dpscale.run.locks import release_stale
 from dpscale.provenance import export_command
 from dpscale.report import summary as closing
 
 if workflow.is_main_process:  # the report names the command line that built it
     export_command(sys.argv)
+mark_snakemake()  # jobs started after this process died stop at once (dpscale.run.lifeline)
 
 # A run killed with SIGKILL leaves its lock; release it only if no run is alive here.
 for _lock in release_stale(workflow.workdir_init, workflow.is_main_process):
@@ -60,12 +62,16 @@ rule all:
 
 # The run ends with the answer (dpscale.report.summary), printed after Snakemake's own
 # last lines: per machine and k the speed-up in samples/s and in time to accuracy, the
-# forecast's knee, what failed (with its log) and the report's path. A report older
-# than the results (a run that did not build it) is named as such, with the failures.
+# forecast's knee, what failed (with its log) and the report's path. Computed from the
+# results as they are at the end: a report built from other results than these (a run
+# that did not rebuild it, a result missing or damaged) is named as such, never printed.
 onsuccess:
     closing.announce(
         closing.closing(
-            TARGETS, rules.report.output.summary, rules.report.output.html
+            TARGETS,
+            rules.report.output.summary,
+            rules.report.output.html,
+            replanned=REPLAN.found,
         )
     )
 
@@ -78,5 +84,6 @@ onerror:
             rules.report.output.html,
             snakemake_log=log,
             failed=True,
+            replanned=REPLAN.found,
         )
     )

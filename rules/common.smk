@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from dpscale.plan import config as dsconfig, fingerprint as dsfp, jobs, specs
+from dpscale.plan import config as dsconfig, fingerprint as dsfp, jobs, replan, specs
 from dpscale import provenance, registry, results
 from dpscale.data import fetch as dsfetch
 
@@ -19,8 +19,6 @@ try:
 except ValueError as e:  # ConfigError, a bad hardware_file: one line, no traceback
     sys.exit(f"Invalid configuration: {e}")
 
-if workflow.is_main_process:  # a job-mode parse on a compute node must not rewrite it
-    dsfp.save_if_changed(FP, "results/fingerprint.json")
 PROTO = RESOLVED["protocol"]
 DATA, FLOPS, RAW = jobs.DATA, jobs.FLOPS, jobs.RAW
 INPUT_FILES = jobs.input_files(PROTO)
@@ -29,6 +27,11 @@ if workflow.is_main_process:
     for _target in TARGETS:
         if _why := results.last_failure(_target):
             logger.info(f"{_target}: the last attempt failed ({_why}); it runs again")
+# A result missing although the last report read it, or damaged, is measured again
+# (dpscale.plan.replan): through the measurement rules' `retry` param.
+REPLAN = replan.Replanner(
+    dry=lambda: workflow.dryrun, main=workflow.is_main_process, say=logger.warning
+)
 # Entry points, passed to each job as params.scripts (lint: no globals in shell).
 # Resolved from the workflow's own folder, so `snakemake -d elsewhere` finds them, and
 # written relative to the working folder: a params value, so an absolute path would

@@ -17,9 +17,9 @@ rule download:
         retries=config["data"]["retries"],
         timeout_s=config["data"]["timeout_s"],
     shell:
-        "python {params.scripts}/download.py --root $(dirname {output.provenance}) --source {params.source}"
-        " --mirrors {params.mirrors:q} --local-dir={params.local_dir:q}"
-        " --retries {params.retries} --timeout-s {params.timeout_s} > {log} 2>&1"
+        "python {params.scripts:q}/download.py --root \"$(dirname {output.provenance:q})\""
+        " --source {params.source:q} --mirrors {params.mirrors:q} --local-dir={params.local_dir:q}"
+        " --retries {params.retries} --timeout-s {params.timeout_s} > {log:q} 2>&1"
 
 
 rule resize:
@@ -38,8 +38,8 @@ rule resize:
     params:
         scripts=SCRIPTS,
     shell:
-        "python {params.scripts}/resize.py --root $(dirname {input.provenance}) --size {wildcards.size}"
-        " --out {output.cache} --meta {output.meta} > {log} 2>&1"
+        "python {params.scripts:q}/resize.py --root \"$(dirname {input.provenance:q})\""
+        " --size {wildcards.size} --out {output.cache:q} --meta {output.meta:q} > {log:q} 2>&1"
 
 
 # The model's training FLOPs per sample, counted once by torch.utils.flop_counter:
@@ -56,4 +56,4 @@ rule model_flops:
     params:
         scripts=SCRIPTS,
     shell:
-        "python {params.scripts}/flops.py --size {wildcards.size} --out {output} > {log} 2>&1"
+        "python {params.scripts:q}/flops.py --size {wildcards.size} --out {output:q} > {log:q} 2>&1"

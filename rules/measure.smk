@@ -28,9 +28,9 @@ for _exp in registry.EXPERIMENTS.values():
             scripts=SCRIPTS,
             spec=jobs.spec_of(_exp, RESOLVED, FP),
             code=jobs.code_of(_exp),
-            retry=jobs.retry_of(_exp),
+            retry=jobs.retry_of(_exp, REPLAN),
         shell:
-            "python {params.scripts}/watchdog.py --spec {params.spec:q} --result {output.json}"
-            " --rank-logs {log}.ranks --lock-dir {resources.lock_dir:q}"
+            "python {params.scripts:q}/watchdog.py --spec {params.spec:q} --result {output.json:q}"
+            " --rank-logs {log:q}.ranks --lock-dir {resources.lock_dir:q}"
             " --lock-wait-s {resources.lock_wait_s} --cache-dir {resources.cache_dir:q}"
-            " > {log} 2>&1"
+            " > {log:q} 2>&1"

@@ -30,6 +30,22 @@ REFERENCE_FILES = sorted(
 report: f"{PROSE}/snakemake_workflow.rst"
 
 
+# The machine the results were measured on, written by a rule rather than when the
+# workflow is parsed: a dry run writes nothing, and a new machine's fingerprint lands
+# only with the run that measures on it (params: a change reruns it, and the report).
+rule fingerprint:
+    output:
+        "results/fingerprint.json",
+    log:
+        "logs/fingerprint.log",
+    localrule: True
+    params:
+        scripts=SCRIPTS,
+        fingerprint=dsfp.dumps(FP),
+    shell:
+        "python {params.scripts:q}/fingerprint.py --json {params.fingerprint:q} --out {output:q} > {log:q} 2>&1"
+
+
 rule report:
     input:
         runs=TARGETS,
@@ -92,6 +108,6 @@ rule report:
         code=provenance.report_digest(),
         out_dir=lambda w, output: os.path.dirname(output.html),
     shell:
-        "python {params.scripts}/report.py --runs results/runs --fingerprint {input.fingerprint}"
-        " --targets {input.runs} --references {params.references:q} --book {input.book}"
-        " --resolved {params.resolved:q} --out-dir {params.out_dir} --workers {threads} > {log} 2>&1"
+        "python {params.scripts:q}/report.py --runs results/runs --fingerprint {input.fingerprint:q}"
+        " --targets {input.runs:q} --references {params.references:q} --book {input.book:q}"
+        " --resolved {params.resolved:q} --out-dir {params.out_dir:q} --workers {threads} > {log:q} 2>&1"

@@ -23,7 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from dpscale.provenance import COMMAND_VAR  # noqa: E402
-from dpscale.report import book, build  # noqa: E402
+from dpscale.report import Refused, book, build  # noqa: E402
+from dpscale.run import lifeline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,6 +41,8 @@ ap.add_argument("--resolved", default=None, help="the resolved configuration as 
 ap.add_argument("--out-dir", required=True, help="where report.html, report.md, figures/ and tables/ go")
 ap.add_argument("--workers", type=int, default=1, help="processes drawing the figures (default: %(default)s)")
 a = ap.parse_args()
+# Snakemake killed while the report draws (kill -9, a closed terminal): stop, write nothing
+lifeline.guard(say=lambda line: print(f"[report] {line}", file=sys.stderr, flush=True))
 
 targets, plan_info = a.targets, None
 if a.targets_from:
@@ -48,6 +51,9 @@ if a.targets_from:
 info = {"command": os.environ.get(COMMAND_VAR)}
 if a.resolved:
     info.update(resolved=json.loads(a.resolved), config_hash=hashlib.sha256(a.resolved.encode()).hexdigest()[:16])
-summary = build(a.runs, a.fingerprint, a.out_dir, targets=targets, references=a.references, book_path=a.book,
-                name=a.name, build_info=info, plan_info=plan_info, workers=a.workers)
+try:
+    summary = build(a.runs, a.fingerprint, a.out_dir, targets=targets, references=a.references, book_path=a.book,
+                    name=a.name, build_info=info, plan_info=plan_info, workers=a.workers)
+except Refused as e:
+    sys.exit(str(e))
 print(json.dumps(summary, indent=1))

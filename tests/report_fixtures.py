@@ -32,7 +32,7 @@ def write(root: Path, exp, variant, k, *, fp, backend, scale, status="ok", reaso
     r = make_result(experiment=exp, variant=variant, k=k, status=status, reason=reason, metrics=metrics or {},
                     config={"scale": scale, "protocol": {"per_rank_batch": 8}}, fingerprint=fp, backend=backend,
                     data=data, code=CODE)
-    write_json_atomic(root / exp / variant / f"k{k}.json", r)
+    results.save(root / exp / variant / f"k{k}.json", r)
     return results.result_path(exp, variant, k, str(root))
 
 

@@ -12,7 +12,7 @@ from report_fixtures import BOOK, CPU_FP, write_cpu_smoke
 
 from dpscale import report
 from dpscale.analysis import stats
-from dpscale.results import write_json_atomic
+from dpscale.results import save, write_json_atomic
 
 LAUNCHES = [14.0, 15.5, 13.0]
 
@@ -25,7 +25,7 @@ def test_launch_spread_and_gpu_flags_reach_the_report(tmp_path):
     r = json.loads(path.read_text())
     r["metrics"].update(samples_per_s_launches=LAUNCHES, launches=3)
     r["gpu_state"] = {"source": "nvml", "flags": ["shared", "throttled: sw_power_cap"], "devices": []}
-    write_json_atomic(path, r)
+    save(path, r)
     out = tmp_path / "results" / "report"
     report.build(runs, tmp_path / "results" / "fingerprint.json", out, targets=targets, references=[],
                  book_path=BOOK, build_info={"command": "snakemake report", "config_hash": "c", "resolved": {}})

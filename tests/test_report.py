@@ -15,6 +15,7 @@ from report_fixtures import BOOK, CPU_FP, HUNG_REASON, ROOT, SKIP_K4, SKIP_MEMCP
 
 from dpscale.analysis import costmodel
 from dpscale import report
+from dpscale.results import save
 from dpscale.report.chapters import csv_tables, figure_specs
 
 FIGURES = [s.name for _c, s in figure_specs()]
@@ -186,17 +187,36 @@ def test_committed_h200x2_counts_its_plan(tmp_path):
     assert str(ROOT) not in md and "reference/h200x2/runs/allreduce/default/k2.json" in md
 
 
-def test_missing_keys_no_results_and_corrupt_files_still_build(tmp_path):
+def test_a_planned_result_that_is_not_sound_refuses_the_report(tmp_path):
+    """The report is built from exactly the results it lists: a planned one that is half a
+    file, edited by hand or gone refuses the build, naming each (a plain run measures
+    them again first: dpscale.plan.replan)."""
     runs = tmp_path / "runs"
     targets = write_cpu_smoke(runs)
     (runs / "ddp_weak" / "seed" / "k2.json").write_text("{ half a file")
     eq = runs / "jax_equality" / "default" / "k2.json"
-    eq.write_text(json.dumps({**json.loads(eq.read_text()), "metrics": {"something_new": 1.0}}))
+    eq.write_text(eq.read_text().replace('"status": "ok"', '"status": "ok", "by_hand": 1', 1))
     (tmp_path / "fp.json").write_text(json.dumps(CPU_FP))
-    s = report.build(runs, tmp_path / "fp.json", tmp_path / "out", targets=targets, references=[], book_path=BOOK)
+    with pytest.raises(report.Refused) as e:
+        report.build(runs, tmp_path / "fp.json", tmp_path / "out", targets=targets, references=[], book_path=BOOK)
+    assert "ddp_weak/seed/k2.json: unreadable: not valid JSON" in str(e.value)
+    assert "jax_equality/default/k2.json: altered: its content does not match its digest" in str(e.value)
+    assert not (tmp_path / "out" / "report.html").exists()
+
+
+def test_missing_keys_no_results_and_corrupt_kept_files_still_build(tmp_path):
+    """A kept machine's folder with a damaged result and a result of unknown keys: the report
+    builds, shows the rest and names the damaged file (it is left out, never read)."""
+    runs = tmp_path / "runs"
+    targets = write_cpu_smoke(runs)
+    (runs / "ddp_weak" / "seed" / "k2.json").write_text("{ half a file")
+    eq = runs / "jax_equality" / "default" / "k2.json"
+    save(eq, {**json.loads(eq.read_text()), "metrics": {"something_new": 1.0}})
+    (tmp_path / "fp.json").write_text(json.dumps(CPU_FP))
+    s = report.build(runs, tmp_path / "fp.json", tmp_path / "out", references=[], book_path=BOOK)
     html = (tmp_path / "out" / "report.html").read_text()
     assert "unreadable artifact" in html and "not valid JSON" in html and "not recorded" in html
-    assert s["counts"]["this run"]["not run"] == 1
+    assert len(targets) - 1 == sum(s["counts"]["this run"].values())
     report.build(tmp_path / "nothing", tmp_path / "fp.json", tmp_path / "out2", references=[], book_path=BOOK)
     assert "no result JSONs found" in (tmp_path / "out2" / "report.html").read_text()
 

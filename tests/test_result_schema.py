@@ -29,7 +29,7 @@ def test_the_committed_results_meet_the_schema():
 def test_the_schema_is_valid_and_a_written_result_meets_it(tmp_path):
     import jsonschema
     jsonschema.validators.validator_for({}).check_schema(results._validator().schema)
-    results.write_json_atomic(tmp_path / "k2.json", good())
+    results.save(tmp_path / "k2.json", good())
     assert results.load_result(tmp_path / "k2.json")["metrics"]["samples_per_s"] == 10.0
 
 
@@ -37,7 +37,7 @@ def test_a_result_without_status_is_refused_naming_the_key(tmp_path):
     bad = {k: v for k, v in good().items() if k != "status"}
     with pytest.raises(ValueError, match=r"x\.json: top level: 'status' is a required property"):
         results.check_schema(bad, "x.json")
-    (tmp_path / "k2.json").write_text(json.dumps(bad))
+    (tmp_path / "k2.json").write_text(json.dumps(results.seal(bad)))   # sealed: the contract is read next
     with pytest.raises(ValueError, match=r"k2\.json: missing key\(s\) \['status'\]"):
         results.load_result(tmp_path / "k2.json")
 
@@ -50,7 +50,7 @@ def test_a_text_metric_is_refused_when_written_and_when_read(tmp_path, metrics, 
     with pytest.raises(ValueError, match=rf"ddp_weak/seed/k2: {match}"):
         results.make_result(experiment="ddp_weak", variant="seed", k=2, status="ok", backend="gloo",
                             metrics=metrics)
-    (tmp_path / "k2.json").write_text(json.dumps(dict(good(), metrics=metrics)))
+    (tmp_path / "k2.json").write_text(json.dumps(results.seal(dict(good(), metrics=metrics))))
     with pytest.raises(ValueError, match=rf"k2\.json: {match}"):
         results.load_result(tmp_path / "k2.json")
 

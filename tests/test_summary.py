@@ -3,16 +3,16 @@ from the report (tests/test_report.py checks summary.txt's numbers); here, what 
 Snakefile's onsuccess and onerror print from it, and a smoke run's last lines."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from conftest import ROOT, SMALL, copy_primed, env_with_src, smk
 
 from dpscale.report import summary
-from dpscale.results import make_result, write_json_atomic
+from dpscale.results import audit, make_result, save
 
 SUMMARY = "\n== the answer ==\nh200: k=2 1.29x\n\nreport: /somewhere/report.html\n"
 
@@ -22,28 +22,74 @@ def _result(path, status="ok", reason=None, log=None):
                     config={}, fingerprint={}, backend="gloo")
     if log:
         r["log"] = log
-    write_json_atomic(path, r)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save(path, r)
     return str(path)
 
 
-def test_closing_prints_a_summary_newer_than_every_result(tmp_path):
-    target = _result(tmp_path / "k2.json")
-    time.sleep(0.01)
+def _report_read(tmp_path, *targets):
+    """What the report writes beside summary.txt: the digests of the results it read."""
+    read = {"ddp_weak/cached/k2.json": audit(t).digest for t in targets}
+    (tmp_path / "plan.json").write_text(json.dumps({"targets": list(read), "read": read}))
     (tmp_path / "summary.txt").write_text(SUMMARY)
+
+
+def test_closing_prints_the_summary_of_the_results_it_read(tmp_path):
+    target = _result(tmp_path / "runs/ddp_weak/cached/k2.json")
+    _report_read(tmp_path, target)
     assert summary.closing([target], tmp_path / "summary.txt", tmp_path / "report.html") == SUMMARY.rstrip("\n")
 
 
 def test_closing_after_a_run_that_did_not_rebuild_the_report(tmp_path):
-    """A summary older than a result (the report not rebuilt by this run) is not the
-    answer: the failures, and the report named as older."""
-    (tmp_path / "summary.txt").write_text(SUMMARY)
+    """A report built from other results than the planned ones hold now (here: a result
+    measured again after it, which failed) is not the answer: the failures, and the
+    report named as built from other results."""
+    target = _result(tmp_path / "runs/ddp_weak/cached/k2.json")
+    _report_read(tmp_path, target)
     (tmp_path / "report.html").write_text("<html></html>")
-    old = time.time() - 60
-    os.utime(tmp_path / "summary.txt", (old, old))
-    target = _result(tmp_path / "k2.json", "failed", "RuntimeError: boom", "logs/ddp_weak/cached/k2.log")
+    _result(tmp_path / "runs/ddp_weak/cached/k2.json", "failed", "RuntimeError: boom", "logs/ddp_weak/cached/k2.log")
     text = summary.closing([target], tmp_path / "summary.txt", tmp_path / "report.html")
     assert "h200: k=2" not in text and "ddp_weak/cached/k2 failed: RuntimeError: boom (log logs/ddp_weak" in text
-    assert text.splitlines()[-1] == f"report (older than this run's results, not rebuilt): {tmp_path / 'report.html'}"
+    assert text.splitlines()[-1] == ("report (built from other results than these, not rebuilt: none of its "
+                                     f"numbers is this run's answer): {tmp_path / 'report.html'}")
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate", "garbage", "edit", "unsealed"])
+def test_closing_names_a_result_that_holds_no_number_now(tmp_path, damage):
+    """The report read the result; then it was deleted, truncated, replaced or edited: the
+    closing lines never print the old summary, and name the file with what recovers it."""
+    target = _result(tmp_path / "runs/ddp_weak/cached/k2.json")
+    _report_read(tmp_path, target)
+    p = tmp_path / "runs/ddp_weak/cached/k2.json"
+    text = p.read_text()
+    if damage == "delete":
+        p.unlink()
+    elif damage == "truncate":
+        p.write_text(text[: len(text) // 2])
+    elif damage == "garbage":
+        p.write_text("not json")
+    elif damage == "edit":
+        p.write_text(text.replace('"status": "ok"', '"status": "ok", "note": 99999'))
+    else:
+        r = json.loads(text)
+        del r["digest"]
+        p.write_text(json.dumps(r))
+    out = summary.closing([target], tmp_path / "summary.txt", tmp_path / "report.html")
+    state = {"delete": "missing", "truncate": "unreadable", "garbage": "unreadable", "edit": "altered",
+             "unsealed": "unsealed"}[damage]
+    assert "h200: k=2" not in out and "every planned" not in out
+    assert f"{target}: {state}: " in out and "a plain `snakemake --cores 1 report` measures them again" in out
+
+
+def test_closing_after_a_stop_says_no_job_failed(tmp_path):
+    """SIGTERM or Ctrl-C: Snakemake's log names no failed job; the closing says it stopped,
+    not '0 job(s) failed'."""
+    smk_log = tmp_path / "snakemake.log"
+    smk_log.write_text("Terminating processes on user request, this might take some time.\n")
+    text = summary.closing([], tmp_path / "summary.txt", tmp_path / "report.html", snakemake_log=[str(smk_log)],
+                           failed=True)
+    assert text.splitlines()[0].startswith("Snakemake stopped before the run finished; no job reported a failure")
+    assert "0 job(s)" not in text
 
 
 def test_onerror_names_the_failed_jobs_with_their_logs(tmp_path):

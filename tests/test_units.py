@@ -97,7 +97,7 @@ def test_contract_validation():
 def test_load_result_names_the_file_on_garbage(tmp_path):
     p = tmp_path / "half.json"
     p.write_text('{"experiment": "allr')
-    with pytest.raises(ValueError, match="half.json: not valid JSON"):
+    with pytest.raises(ValueError, match="half.json: unreadable: not valid JSON"):
         results.load_result(p)
 
 

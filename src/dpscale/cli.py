@@ -49,19 +49,51 @@ def _copy(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
+def name_left_out(command: str, machines) -> None:
+    """Every result a command could not read as measured (missing, unreadable, altered,
+    unsealed) and every other problem of a machine's folder, one line each on stderr:
+    a command leaves such a result out, and says so."""
+    lines = [f"  {m.label}: {e}" for m in machines for e in getattr(m, "errors", [])]
+    if lines:
+        print(f"dpscale {command}: {len(lines)} problem(s) in the folders read; what cannot be read "
+              "as measured is left out:", *lines, sep="\n", file=sys.stderr)
+
+
+def unsound_kept(results: Path) -> list[str]:
+    """Why the results a report was built from cannot be kept as they are: one line per
+    planned result that is not sound now or differs from what the report read."""
+    from dpscale.results import audit
+    plan = json.loads((results / "report" / "plan.json").read_text())
+    read = plan.get("read") or {}
+    out = []
+    for t in plan.get("targets", []):
+        a = audit(results / "runs" / t)
+        if a.state == "missing" and t not in read:
+            continue   # planned, never written (the report shows it "not run")
+        if not a.sound:
+            out.append(a.line())
+        elif t in read and read[t] != a.digest:
+            out.append(f"{a.path}: changed since the report was built (not the result the report read)")
+    return out
+
+
 def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
     results = workdir / "results"
     plan = results / "report" / "plan.json"
     for needed in (results / "runs", results / "fingerprint.json", plan):
         if not needed.exists():
             raise SystemExit(f"dpscale keep: {needed} is missing; run `snakemake --cores 1 report` in {workdir} first")
+    if bad := unsound_kept(results):
+        raise SystemExit("\n".join([f"dpscale keep: {len(bad)} result(s) are not the ones the report was built "
+                                     "from; nothing kept. Run `snakemake --cores 1 report` first (it measures "
+                                     "them again), then keep:"] + [f"  {b}" for b in bad]))
     target = to / name
     if target.exists() and not force:
         raise SystemExit(f"dpscale keep: {target} exists; choose another NAME or pass --force to replace it")
     to.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=to))
     try:
-        for rel in ("runs", "fingerprint.json", "model", "roofline.json"):   # roofline.json: tools/gpu/probe_roofline.py
+        for rel in ("runs", "fingerprint.json", "model", "roofline.json"):   # roofline.json: tools/lab/probe_roofline.py
             _copy(results / rel, tmp / rel)
         _copy(plan, tmp / "plan.json")
         for meta in sorted((results / "data").glob("*.json")):   # where the data came from, which check passed
@@ -125,6 +157,7 @@ def forecast(a) -> int:
         raise SystemExit(f"dpscale forecast: {bad[0]} has no runs/ folder; pass a folder kept by `dpscale keep` "
                          "(reference/NAME) or a run's results/")
     machines = [load_reference(Path(d)) for d in dirs]
+    name_left_out("forecast", machines)
     book = None if a.no_book else bookmod.load(a.book)
     machines += [book] if book else []
     cfg = fcr.settings(None, **{k: getattr(a, k) for k in ("gpus_per_node", "max_nodes", "knee_efficiency",
@@ -170,6 +203,7 @@ def export(dirs: list[Path], to: str) -> int:
                              "sub-folders); keep one with `dpscale keep NAME`")
         folders += found
     kept = [machines.load_reference(f) for f in dict.fromkeys(folders)]
+    name_left_out("export", kept)
     df = tidy.table(kept)
     if to == "-":
         sys.stdout.write(df.to_csv(index=False))

@@ -11,7 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from dpscale.results import write_json_atomic
+from dpscale.results import save, write_json_atomic
 from dpscale.run import rounds as dsrounds
 
 
@@ -27,8 +27,13 @@ def main(out: Path, rounds: list[Path]) -> None:
         got = [(json.loads((r / "runs" / rel).read_text()), str(r)) for r in rounds if (r / "runs" / rel).exists()]
         got = [(res, name) for res, name in got if res.get("status") == "ok"]
         if got:
-            write_json_atomic(out / "runs" / rel, dsrounds.pool([g[0] for g in got], [g[1] for g in got]))
+            save(out / "runs" / rel, dsrounds.pool([g[0] for g in got], [g[1] for g in got]))
             print(rel, f"{len(got)} round(s)")
+    targets = sorted(str(p.relative_to(out / "runs")) for p in (out / "runs").glob("*/*/k*.json"))
+    # the report reads a kept machine's plan: without one it warns that the plan is unknown
+    write_json_atomic(out / "plan.json", {"targets": targets, "planned": len(targets),
+                                         "command": f"tools/lab/pool_rounds.py over {len(rounds)} round(s)",
+                                         "pooled_from": [str(r) for r in rounds]})
 
 
 if __name__ == "__main__":

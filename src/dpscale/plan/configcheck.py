@@ -72,6 +72,12 @@ def explain(e: jsonschema.ValidationError) -> str:
         extra = sorted(set(v) - set(known))
         name = ".".join(keys + extra[:1])
         return f"{name}: not a configuration key; the keys here are {', '.join(known)}"
+    if e.validator == "type" and isinstance(v, str) and v.strip()[:1] in ("[", "{"):
+        # 'ks=[1,2' reaches us as the text "[1,2": Snakemake keeps what YAML cannot parse
+        shown = f"'{v}'" if not key_path else v
+        fix = f"write it whole, e.g. {cli(key_path, default)}" if key_path and default not in (None, {}) \
+            else "close its brackets"
+        return f"{where}: {shown} is not a {'list' if v.strip()[0] == '[' else 'mapping'} (a bracket is not closed); {fix}"
     if e.validator == "type" and e.validator_value == "array" and not isinstance(v, list):
         return f"{where} must be a list: write {cli(key_path, [v])}"
     if e.validator == "type":   # one type, or a list of them (a folder or null)

@@ -136,13 +136,27 @@ def load(path: str | os.PathLike) -> dict:
     if not isinstance(fp, dict) or "gpu_count" not in fp:
         raise ValueError(f"hardware_file: {path} has no 'gpu_count'; it must hold a fingerprint "
                          "as written to results/fingerprint.json")
+    for key, least in COUNTS.items():
+        v = fp.get(key)
+        if (key == "gpu_count" or v is not None) and (isinstance(v, bool) or not isinstance(v, int) or v < least):
+            raise ValueError(f"hardware_file: {path}: '{key}' is {json.dumps(v)}; it must be a whole number "
+                             f">= {least} (e.g. \"{key}\": {max(least, 2)})")
     return fp
+
+
+# The counts a fingerprint file must hold as whole numbers: the plan does arithmetic on them.
+COUNTS = {"gpu_count": 0, "cpu_count": 1}
+
+
+def dumps(fp: dict) -> str:
+    """The fingerprint as results/fingerprint.json holds it (canonical: a params value)."""
+    return json.dumps(fp, indent=2, sort_keys=True) + "\n"
 
 
 def save_if_changed(fp: dict, path: str | os.PathLike) -> bool:
     """Write the fingerprint only when it differs, so its mtime means 'the machine changed'."""
     path = Path(path)
-    text = json.dumps(fp, indent=2, sort_keys=True) + "\n"
+    text = dumps(fp)
     try:
         if path.read_text() == text:
             return False

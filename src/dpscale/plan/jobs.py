@@ -57,9 +57,11 @@ def spec_of(exp: registry.Experiment, resolved: dict, fp: dict):
     return spec
 
 
-def retry_of(exp: registry.Experiment):
-    """How many attempts at the job's result failed so far: a params value, so that a
-    failed record is never up to date and a plain rerun retries exactly those jobs."""
+def retry_of(exp: registry.Experiment, replan=None):
+    """How many attempts at the job's result failed, or found it missing or damaged,
+    so far: a params value, so that a failed record is never up to date and a plain
+    rerun retries exactly those jobs. replan: a dpscale.plan.replan.Replanner, which
+    adds the results that are missing or damaged now (and records them, in a real run)."""
 
     # Why a count, read before the run, and not a mark on the failed record:
     # - Snakemake records params as they were when the DAG was built, before the job
@@ -74,7 +76,9 @@ def retry_of(exp: registry.Experiment):
     # Checked with Snakemake 9.27: tests/test_isolation.py's crash test dry-runs
     # exactly the failed job after the failure, and nothing after its retry.
     def retry(wildcards) -> str:
-        return f"failed attempts: {results.failed_attempts(results.result_path(exp.name, wildcards.variant, wildcards.k))}"
+        path = results.result_path(exp.name, wildcards.variant, wildcards.k)
+        n = replan.attempts(path) if replan is not None else results.failed_attempts(path)
+        return f"failed attempts: {n}"
     return retry
 
 

@@ -21,13 +21,30 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpscale import provenance
-from dpscale.results import job_label, write_json_atomic
+from dpscale.results import audit, job_label, write_json_atomic
 from dpscale.report import book as bookmod, forecast, render
 from dpscale.report.chapters import CHAPTERS, csv_tables, figure_specs
 from dpscale.report.chapters.common import prose
 from dpscale.report.chapters.provenance import header
 from dpscale.report.document import utc_now
-from dpscale.report.machines import ReportData, kept_profile, load_found, load_planned, reference_folders, with_references
+from dpscale.report.machines import (ReportData, kept_profile, load_found, load_planned, reference_folders,
+                                     refused_data, with_references)
+
+
+class Refused(ValueError):
+    """The planned results are not all there and sound: no report is built from them."""
+
+
+def check_targets(targets) -> None:
+    """Every planned result that is there is sound (dpscale.results.audit), or Refused
+    naming each one that is not: the report never reads a number its file does not hold.
+    A planned result with no file is shown "not run" (a kept machine's plan may list what
+    was not kept; Snakemake starts the report job only once every input exists)."""
+    bad = [a for a in map(audit, targets) if not a.sound and a.state != "missing"]
+    if bad:
+        raise Refused("\n".join([f"report: {len(bad)} planned result(s) cannot be read as measured; "
+                                  "no report is built from them:"] + [f"  {a.line()}" for a in bad]
+                                 + ["a plain `snakemake --cores 1 report` measures them again"]))
 
 
 def load(runs_dir, fingerprint_path, targets=None, references=(), book_path=None, name="this run",
@@ -35,10 +52,12 @@ def load(runs_dir, fingerprint_path, targets=None, references=(), book_path=None
     """This run (its planned targets, or every result found), the references, the book.
     plan_info: how this run's plan was made, when it was read from a kept plan.json."""
     if targets is not None:
+        check_targets(targets)
         current = load_planned(runs_dir, fingerprint_path, targets, label=name, plan_info=plan_info)
     else:
         current = load_found(runs_dir, fingerprint_path, label=name)
     current.profile = kept_profile(Path(runs_dir).parent)   # a kept machine's, rebuilt from its folder
+    current.alerts += refused_data(Path(runs_dir).parent)
     same = Path(runs_dir).resolve()
     folders = [f for f in reference_folders(references) if (f / "runs").resolve() != same and f.name != name]
     refs, notes = with_references(current, folders)
@@ -78,9 +97,12 @@ def plan_record(data: ReportData) -> dict:
     """What `dpscale keep` stores beside a machine's results: its plan and its provenance."""
     m = data.current
     targets = [f"{job_label(e, v, k)}.json" for e, v, k in (m.plan or sorted(m.results))]
-    return {"targets": targets, "planned": len(targets), "counts": m.counts(),
+    # what the report read: the closing lines print its summary only while these still hold
+    read = {f"{job_label(*key)}.json": r["digest"]["sha256"] for key, r in sorted(m.results.items())
+            if isinstance(r.get("digest"), dict)}
+    return {"targets": targets, "planned": len(targets), "counts": m.counts(), "read": read,
             **{k: v for k, v in data.build.items() if k in ("command", "config_hash", "resolved", "code",
                                                              "built_utc")}}
 
 
-__all__ = ["CHAPTERS", "build", "load"]
+__all__ = ["CHAPTERS", "Refused", "build", "check_targets", "load"]

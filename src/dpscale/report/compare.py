@@ -33,6 +33,9 @@ def load(folder: Path) -> Machine:
                          "(layout <dir>/runs/<experiment>/<variant>/k<k>.json), e.g. reference/h200")
     m = load_found(folder / "runs", folder / "fingerprint.json", key=folder.name, kind="reference",
                    label=folder.name)
+    if m.errors:   # a result that cannot be read as measured is left out, and named
+        import sys
+        print(f"dpscale compare: {folder}: left out:", *(f"  {e}" for e in m.errors), sep="\n", file=sys.stderr)
     if not m.results:
         raise SystemExit(f"dpscale compare: {folder}/runs holds no result <experiment>/<variant>/k<k>.json")
     return m

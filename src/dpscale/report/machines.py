@@ -47,6 +47,7 @@ class Machine:
     plan_info: dict = field(default_factory=dict)    # command, config hash, commit of the plan
     source: str = ""
     errors: list = field(default_factory=list)       # unreadable files, with the reason
+    alerts: list = field(default_factory=list)       # what else a reader must see first (a refused data copy)
     book: dict | None = None
     profile: dict | None = None     # a per-layer profile kept beside the results (roofline.json)
     derived: dict = field(default_factory=dict, repr=False)   # memo(): what is computed from results
@@ -228,9 +229,10 @@ def load_found(runs_dir, fingerprint_path, *, key="current", kind="current", lab
 
 def load_reference(folder: Path) -> Machine:
     """reference/<name>/: fingerprint.json, runs/, plan.json (what that run planned), and
-    roofline.json where one was kept (tools/gpu/probe_roofline.py's per-layer profile)."""
+    roofline.json where one was kept (tools/lab/probe_roofline.py's per-layer profile)."""
     m = _load_reference(Path(folder))
     m.profile = kept_profile(Path(folder))
+    m.alerts += refused_data(Path(folder))
     return m
 
 
@@ -255,6 +257,19 @@ def _load_reference(folder: Path) -> Machine:
                    label=folder.name)
     m.errors.append(f"{shown(plan_path)}: no plan recorded; the results found are shown as the plan")
     return m
+
+
+def refused_data(folder: Path) -> list[str]:
+    """The data copies the data stage refused before it found the one it used (its
+    source.json's `rejected`: a truncated file, train and test swapped, ...), in words."""
+    try:
+        prov = json.loads((Path(folder) / "data" / "source.json").read_text())
+    except (OSError, ValueError):
+        return []
+    used = prov.get("origin")
+    return [f"Fashion-MNIST in {r.get('folder')} was refused ({r.get('reason')}); the run used "
+            f"{used if isinstance(used, str) else ', '.join(used or []) or 'another copy'} instead"
+            for r in prov.get("rejected") or []]
 
 
 def reference_folders(dirs) -> list[Path]:

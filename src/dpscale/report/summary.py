@@ -5,10 +5,12 @@
                              the forecast's knee and the predicted soonest and cheapest k;
                              what failed in this run, with its log; the report's path
     write(path, text)        results/report/summary.txt, atomically (the report rule's output)
-    closing(...)             what the Snakefile's onsuccess / onerror print last: the
-                             summary when the report is as new as every result, else
-                             the failures and where the (older) report is; after a
-                             Snakemake error, the failed jobs and the tail of their logs
+    closing(...)             what the Snakefile's onsuccess / onerror print last, from the
+                             planned results as they are at the end of the run: the summary
+                             when the report read exactly these (plan.json's digests), else
+                             each missing, damaged, failed or hung result with what recovers
+                             it, and where the (other) report is; after a Snakemake error,
+                             the failed jobs and the tail of their logs
     announce(text)           print it when the process exits: after Snakemake's own
                              closing lines (its log's path, the run time)
 
@@ -18,10 +20,13 @@ records. Parse-time light: the report's modules are imported inside text() only.
 from __future__ import annotations
 
 import atexit
+import json
 import re
 import sys
 from pathlib import Path
 
+from dpscale import results
+from dpscale.report.machines import refused_data
 from dpscale.results import job_label, write_atomic
 
 RULE = "=" * 100
@@ -125,6 +130,7 @@ def text(data, html_path) -> str:
     cur = data.current
     out += (failed_lines(cur) or [f"{cur.label}: every planned measurement left a number or was skipped"]) if cur \
         else []
+    out += [f"data: {a}" for a in (cur.alerts if cur else [])]
     out += ["", f"report: {Path(html_path).resolve()}"]
     return "\n".join(out) + "\n"
 
@@ -134,10 +140,6 @@ def write(path, summary: str) -> None:
 
 
 # ---------------------------------------------------------------- the end of a Snakemake run
-
-def _newest(paths) -> float:
-    return max((Path(p).stat().st_mtime for p in paths if Path(p).exists()), default=0.0)
-
 
 def _logs(snakemake_log) -> list[str]:
     """Snakemake's log file(s): onerror's `log` is one path or (Snakemake 9) a list."""
@@ -175,25 +177,67 @@ def error_lines(snakemake_log) -> list[str]:
     """After a Snakemake error: each failed job's rule, log and the log's last lines."""
     jobs = failed_jobs(snakemake_log)
     logs = ", ".join(_logs(snakemake_log))
-    out = [f"Snakemake stopped: {len(jobs)} job(s) failed" + (f" (its log: {logs})" if logs else "")]
+    where = f" (its log: {logs})" if logs else ""
+    if not jobs:   # stopped (Ctrl-C, SIGTERM, a lost node) rather than a job failing
+        return [f"Snakemake stopped before the run finished; no job reported a failure{where}"]
+    out = [f"Snakemake stopped: {len(jobs)} job(s) failed{where}"]
     for rule, logs in jobs:
         out.append(f"  rule {rule}: log {', '.join(logs) or 'none declared'}")
         out += [f"    | {x}" for path in logs for x in tail(path)]
     return out
 
 
-def closing(targets, summary_path, html_path, snakemake_log=None, failed: bool = False) -> str:
-    """What a run prints last. The summary when it is as new as every planned result
-    (the report rule wrote it from them); else the measurements that failed and where
-    the report is, said to be older. After a Snakemake error, the failed jobs first."""
-    from dpscale.results import failure_summary
+def _read_json(path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def result_lines(audits) -> list[str]:
+    """What the planned results hold now: each missing or damaged one, then each failed
+    or hung record, with what recovers it."""
+    bad = [a for a in audits if not a.sound]
+    out = []
+    if bad:
+        out.append(f"{len(bad)} planned result(s) hold no number now (a plain `snakemake --cores 1 report` "
+                   "measures them again):")
+        out += [f"  {a.path}: " + ("missing: no result file (its job did not finish: stopped, failed before "
+                                   "writing, or the disk is full)" if a.state == results.MISSING
+                                   else f"{a.state}: {a.reason}") for a in bad]
+    records = [json.loads(Path(a.path).read_text()) for a in audits if a.sound and a.status in ("failed", "hung")]
+    if records:
+        out.append(f"{len(records)} measurement(s) failed or hung; a plain rerun retries the failed ones "
+                   "(a hung one is a result: --forcerun its rule to try again):")
+        out += [f"  {job_label(r['experiment'], r['variant'], r['k'])} {r['status']}: {r.get('reason')}"
+                + (f" (log {r['log']})" if r.get("log") else "") for r in records]
+    return out
+
+
+def closing(targets, summary_path, html_path, snakemake_log=None, failed: bool = False,
+            replanned: list[str] | None = None) -> str:
+    """What a run prints last, from the planned results as they are now. The report's
+    summary only while every one is sound and is the one the report read (its
+    plan.json's `read` digests); else what each missing, damaged, failed or hung one
+    needs, and where the report is, said to be built from other results. After a
+    Snakemake error, the failed jobs first. replanned: what the planner found missing or
+    damaged at the start of this run (dpscale.plan.replan), said first."""
     out = error_lines(snakemake_log) if failed else []
+    if replanned:
+        out += [f"at this run's start {len(replanned)} planned result(s) held no number, so they were measured "
+                "again:"] + [f"  {line}" for line in replanned]
+    audits = [results.audit(t) for t in targets]
+    read = _read_json(Path(summary_path).with_name("plan.json")).get("read")
+    now = {f"{results.label_of(a.path)}.json": a.digest for a in audits}
     summary, html = Path(summary_path), Path(html_path)
-    if summary.exists() and summary.stat().st_mtime >= _newest(targets):
+    if summary.exists() and read is not None and all(a.sound for a in audits) \
+            and all(read.get(key) == digest for key, digest in now.items()):
         return "\n".join(out + [summary.read_text().rstrip("\n")])
-    out += [x for x in [failure_summary(targets)] if x]
+    out += result_lines(audits)
+    out += [f"data: {line}" for line in refused_data(Path(summary_path).parent.parent)]
     if html.exists():
-        out.append(f"report (older than this run's results, not rebuilt): {html.resolve()}")
+        out.append(f"report (built from other results than these, not rebuilt: none of its numbers is "
+                   f"this run's answer): {html.resolve()}")
     else:
         out.append("no report built yet: snakemake --cores 1 report")
     return "\n".join(out)

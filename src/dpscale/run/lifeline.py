@@ -25,6 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+# Set by the Snakefile in every Snakemake process ("<pid>@<host>") and inherited by its
+# jobs: a job that starts after the Snakemake that wanted it died (killed between
+# spawning the job's shell and the job's first line) finds no Snakemake above it, and
+# without this would take itself for a job started by hand.
+SNAKEMAKE_VAR = "DPSCALE_SNAKEMAKE"
+
+
+def mark_snakemake() -> None:
+    """In the Snakefile: tell this Snakemake's jobs which process they belong to."""
+    import socket
+    os.environ[SNAKEMAKE_VAR] = f"{os.getpid()}@{socket.gethostname()}"
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
@@ -147,9 +158,10 @@ class Ancestry:
             pid = proc.ppid
         return cls(chain[:1], names[:1])
 
-    def broken(self) -> str | None:
-        """None while the chain is as it was; else what changed, in words."""
-        if self.chain and os.getppid() != self.chain[0].pid:
+    def broken(self, from_child: bool = False) -> str | None:
+        """None while the chain is as it was; else what changed, in words.
+        from_child: asked by a process forked from the one whose ancestry this is."""
+        if self.chain and not from_child and os.getppid() != self.chain[0].pid:
             return f"the parent {self.names[0]} (pid {self.chain[0].pid}) is gone: re-parented to pid {os.getppid()}"
         for i, was in enumerate(self.chain):
             now = Proc.read(was.pid)
@@ -160,5 +172,61 @@ class Ancestry:
                 return f"{who} was re-parented: its parent {self.names[i + 1]} (pid {self.chain[i + 1].pid}) died"
         return None
 
+    def orphaned(self) -> str | None:
+        """Why this job was orphaned before it started (the Snakemake named by SNAKEMAKE_VAR,
+        on this host, is not in the chain), or None."""
+        import socket
+        pid, _, host = os.environ.get(SNAKEMAKE_VAR, "").partition("@")
+        if not pid.isdigit() or host != socket.gethostname():
+            return None
+        if int(pid) in [p.pid for p in self.chain]:
+            return None
+        return f"the Snakemake that started it (pid {pid}) is gone"
+
     def describe(self) -> str:
         return " <- ".join(f"{n} ({p.pid})" for n, p in zip(self.names, self.chain)) or "nothing (no /proc)"
+
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, children first, from /proc's parent links."""
+    kids: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (proc := Proc.read(int(entry.name))) is not None:
+            kids.setdefault(proc.ppid, []).append(int(entry.name))
+    out, todo = [], list(kids.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def guard(interval_s: float = 0.5, say=None) -> None:
+    """For a job that does its work in its own process (the report): a forked watcher
+    that kills this process and everything below it once the Ancestry breaks, so a
+    report whose Snakemake was killed never writes report.html after the run is gone.
+    A process and not a thread: the report forks its figure workers only from a process
+    with no other thread (report.figures.alone). Call it first, before any thread starts."""
+    ancestry, me = Ancestry.of_this_process(), os.getpid()
+    if gone := ancestry.orphaned():
+        if say:
+            say(f"no one waits for this job any more: {gone}; stopping it without writing")
+        os._exit(1)
+    if not ancestry.chain or os.fork() != 0:
+        return
+    try:   # the watcher: dies with the report (PDEATHSIG), or ends it
+        set_parent_death_signal(signal.SIGKILL)
+        while os.getppid() == me and (broken := ancestry.broken(from_child=True)) is None:
+            time.sleep(interval_s)
+        if os.getppid() == me:
+            if say:
+                say(f"no one waits for this job any more: {broken}; stopping it without writing")
+            for pid in [me] + descendants(me):
+                if pid != os.getpid():
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+    finally:
+        os._exit(0)

@@ -43,7 +43,7 @@ from dpscale.measure import gpustate
 from dpscale.plan import specs
 from dpscale.run import caches, command, devices, flight, joblogs, launches, lifeline
 from dpscale import provenance, registry
-from dpscale.results import job_label, make_result, record_failure, utc_now, write_json_atomic
+from dpscale.results import job_label, make_result, record_failure, save, utc_now
 
 POLL_S = 0.5          # how soon a dead Snakemake or a finished worker is noticed
 ORPHAN_GRACE_S = 3    # SIGTERM -> SIGKILL when no one waits for the job: all gone within 10 s
@@ -91,7 +91,7 @@ class Job:
 
     def write(self, status: str, reason: str | None, **extra) -> None:
         s = self.spec
-        write_json_atomic(self.result, make_result(
+        save(self.result, make_result(
             experiment=s["experiment"], variant=s["variant"], k=s["k"], backend=s["backend"],
             config=s.get("config"), fingerprint=s.get("fingerprint"), env=s.get("env", {}),
             status=status, reason=reason, started_utc=self.started_utc,
@@ -275,7 +275,7 @@ def record_outcome(job: Job, out: Outcome, produced: Path, label: str = "") -> d
         return written
     if isinstance(written.get("metrics"), dict):   # its cost, and no time of day left in its metrics
         launches.stamp(written, out.spawned_unix, out.elapsed)
-    write_json_atomic(job.result, written)   # the launch's own record becomes the job's
+    save(job.result, written)   # the launch's own record becomes the job's
     produced.unlink()
     if written.get("status") == "failed":   # a check beside the timing failed it: retried too
         record_failure(job.result, label + (written.get("reason") or "failed"))
@@ -298,7 +298,7 @@ def finish(job: Job, done: list[dict], wall_s: float) -> int:
     why = gpustate.policy_failure(merged.get("gpu_state"), job.spec.get("gpu_state"))
     if why:
         merged.update(status="failed", reason=f"gpu_state: {why}")
-    write_json_atomic(job.result, merged)
+    save(job.result, merged)
     if why:
         record_failure(job.result, merged["reason"])
         print(f"[watchdog] recorded failed: {merged['reason']}", flush=True)
@@ -396,6 +396,9 @@ def run_launches(job: Job, cmd: list[str], env: dict, held, ancestry: lifeline.A
 def run(job: Job, args, cmd: list[str]) -> int:
     spec = job.spec
     ancestry = lifeline.Ancestry.of_this_process()
+    if gone := ancestry.orphaned():   # its Snakemake died before this process started
+        print(f"[watchdog] no one waits for this job any more: {gone}; nothing run, nothing recorded", flush=True)
+        return 1
     try:
         cmd, env = prepare(job, cmd, args.cache_dir)
     except RuntimeError as e:

@@ -59,6 +59,7 @@ def banners(data: ReportData) -> list[tuple[str, str]]:
         if how := m.plan_info.get("reconstructed"):
             out.append(("info", f"{m.name}: its plan was reconstructed {how}."))
         out += [("alert", f"{m.name}: unreadable artifact: {e}") for e in m.errors]
+        out += [("alert", f"{m.name}: {a}") for a in m.alerts]
         if not any(r["status"] != "not run" for r in m.results.values()):
             out.append(("alert", f"{m.name}: no result JSONs found under {m.source}."))
     return out + [("info", n) for n in data.notes]

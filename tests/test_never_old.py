@@ -1,0 +1,271 @@
+"""Never an old number: a result that is missing, unreadable or not what its job wrote
+is measured again by a plain run (dpscale.plan.replan), the report refuses to be built
+from one, the closing lines say only what the results hold at the end of the run, and a
+dry run writes nothing. Each case as it happens to a user: a file deleted, truncated,
+replaced or edited by hand; a forced rerun stopped with Ctrl-C; the disk filling up; a
+clone in a folder whose name has a space; Snakemake killed while the report draws.
+Rows of the README's table of faults."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SMALL, SNAKEMAKE, copy_primed, job_counts, local_env, smk, write_hw
+
+from dpscale import results
+
+pytestmark = pytest.mark.workflow
+
+CFG = ["--config", *SMALL, "ks=[1,2]", "experiments=[ddp_weak]", "forecast={bootstrap_draws: 20}"]
+TARGETS = [f"results/runs/ddp_weak/{v}/k{k}.json" for v in ("seed", "cached") for k in (1, 2)]
+
+
+@pytest.fixture(scope="module")
+def done(primed, tmp_path_factory) -> Path:
+    """A complete smoke run: four DDP results (seed and cached at k=1 and 2) and the report."""
+    repo = copy_primed(primed, tmp_path_factory.mktemp("done"))
+    smk(repo, "--cores", "2", "report", *CFG, f"locks={{dir: {repo / 'locks'}}}")
+    return repo
+
+
+def copy_done(done: Path, dest: Path) -> tuple[Path, list[str]]:
+    repo = copy_primed(done, dest)
+    return repo, [*CFG, f"locks={{dir: {repo / 'locks'}}}"]
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every file under folder, by content."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def digest(repo: Path, target: str) -> str | None:
+    return results.audit(repo / target).digest
+
+
+def closing_lines(p: subprocess.CompletedProcess) -> str:
+    """What the run printed after Snakemake's own last lines."""
+    err = p.stderr
+    return err[err.rfind("Complete log"):] if "Complete log" in err else err[-4000:]
+
+
+def damage(path: Path, how: str) -> None:
+    text = path.read_text()
+    if how == "delete":
+        path.unlink()
+    elif how == "truncate":
+        path.write_text(text[: len(text) // 2])
+    elif how == "garbage":
+        path.write_text("<html>not a result</html>\n")
+    elif how == "edit":   # the number a reader would quote, by hand
+        r = json.loads(text)
+        r["metrics"]["samples_per_s"] = 99999.0
+        path.write_text(json.dumps(r, indent=2))
+
+
+def test_a_plain_run_measures_again_what_was_deleted_truncated_replaced_or_edited(done, tmp_path):
+    repo, cfg = copy_done(done, tmp_path / "repo")
+    hows = dict(zip(TARGETS, ("delete", "truncate", "garbage", "edit")))
+    old = {t: digest(repo, t) for t in TARGETS}
+    for t, how in hows.items():
+        damage(repo / t, how)
+    before = tree(repo / "results")
+
+    dry = smk(repo, "-n", "--cores", "2", "report", *cfg)
+    assert job_counts(dry.stdout) == {"ddp_weak": 4, "report": 1}, dry.stdout[-3000:]
+    assert tree(repo / "results") == before, "a dry run wrote under results/"
+    for t, state in zip(TARGETS, ("missing", "unreadable", "unreadable", "altered")):
+        assert f"{t}: {state}: " in dry.stdout + dry.stderr and "a real run measures it again" in dry.stdout
+
+    run = smk(repo, "--cores", "2", "report", *cfg)
+    end = closing_lines(run)
+    assert "at this run's start 4 planned result(s) held no number, so they were measured again:" in end, end
+    assert "this run: every planned measurement left a number or was skipped" in end
+    for t in TARGETS:
+        a = results.audit(repo / t)
+        assert a.sound and a.digest != old[t], t
+    kept = sorted(str(p.relative_to(repo)).rsplit("-", 1)[0] for p in (repo / "results/runs").glob("*/*/k*.json.*"))
+    assert kept == [f"{TARGETS[2]}.unreadable", f"{TARGETS[3]}.altered", f"{TARGETS[1]}.unreadable"], kept
+    import pandas as pd
+    rows = pd.read_csv(repo / "results/report/results.csv")
+    mine = rows[(rows.machine == "this run") & (rows.metric == "samples_per_s")]
+    assert len(mine) == 4 and not (mine.value == 99999.0).any()
+    again = smk(repo, "--cores", "2", "report", *cfg)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_an_interrupted_forced_rerun_is_measured_again(done, tmp_path):
+    """The README's advice for a hung result, --forcerun, stopped by Ctrl-C in its first
+    job: the job's result is gone and the report is newer than what remains; a plain
+    rerun measures it again (Snakemake alone would say 'Nothing to be done')."""
+    repo, cfg = copy_done(done, tmp_path / "repo")
+    old = {t: digest(repo, t) for t in TARGETS}
+    html = (repo / "results/report/report.html").read_bytes()
+    shutil.rmtree(repo / "logs/ddp_weak")   # the first job's log, when it appears, is this run's
+    with open(tmp_path / "forced.log", "w") as out:
+        p = subprocess.Popen([SNAKEMAKE, "--cores", "1", "report", *cfg, "--forcerun", "ddp_weak"], cwd=repo,
+                             stdout=out, stderr=subprocess.STDOUT, env=local_env(), start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(
+            "[watchdog] $" in f.read_text(errors="replace") for f in (repo / "logs/ddp_weak").glob("*/k*.log")):
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGINT)   # Ctrl-C in the terminal: the whole foreground group
+    p.wait(timeout=120)
+    gone = [t for t in TARGETS if not (repo / t).exists()]
+    assert gone, (tmp_path / "forced.log").read_text()[-3000:]
+    assert (repo / "results/report/report.html").read_bytes() == html
+
+    run = smk(repo, "--cores", "2", "report", *cfg)
+    assert f"{gone[0]}: missing: the last report read it" in run.stdout + run.stderr
+    for t in gone:
+        assert digest(repo, t) not in (None, old[t])
+    plan = json.loads((repo / "results/report/plan.json").read_text())
+    assert all(plan["read"][t.removeprefix("results/runs/")] == digest(repo, t) for t in TARGETS)
+    again = smk(repo, "--cores", "2", "report", *cfg)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def _tmpfs(folder: Path, size: str) -> bool:
+    folder.mkdir(parents=True, exist_ok=True)
+    return os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                                                 str(folder)], capture_output=True).returncode == 0
+
+
+def test_the_disk_filling_during_a_forced_rerun_leaves_no_old_number_in_the_closing_lines(done, tmp_path):
+    repo, cfg = copy_done(done, tmp_path / "repo")
+    runs = repo / "results/runs"
+    saved = tmp_path / "runs"
+    shutil.copytree(runs, saved)
+    shutil.rmtree(runs)
+    if not _tmpfs(runs, "1m"):
+        pytest.skip("needs root and tmpfs to fill a disk of its own (mount -t tmpfs)")
+    try:
+        shutil.copytree(saved, runs, dirs_exist_ok=True)
+        try:   # the disk is full: every byte taken
+            with open(runs / "filler", "wb") as f:
+                while True:
+                    f.write(b"\0" * 4096)
+                    f.flush()
+        except OSError:
+            pass
+        p = smk(repo, "--cores", "1", "report", *cfg, "--forcerun", "ddp_weak", check=False)
+        end = closing_lines(p)
+        assert "every planned measurement left a number" not in end and "samples/s" not in end, end
+        assert "planned result(s) hold no number now" in end or "failed or hung" in end, end
+        for t in TARGETS:   # no half file, whatever was written
+            assert results.audit(repo / t).state in (results.SOUND, results.MISSING)
+        assert not list(runs.glob("*/*/*.tmp"))
+    finally:
+        subprocess.run(["umount", "-l", str(runs)])
+
+
+def test_a_dry_run_after_a_machine_change_writes_nothing(done, tmp_path):
+    repo, cfg = copy_done(done, tmp_path / "repo")
+    before = tree(repo / "results")
+    hw = write_hw(tmp_path, "other", cpu_model="Another CPU", cpu_count=2)
+    dry = smk(repo, "-n", "--cores", "2", "report", *cfg, f"hardware_file={hw}")
+    assert job_counts(dry.stdout).get("fingerprint") == 1, dry.stdout[-2000:]
+    assert tree(repo / "results") == before
+
+
+def test_a_clone_under_a_path_with_a_space_and_non_ascii_runs_in_place_and_with_d(done, tmp_path):
+    home = tmp_path / "my dpscale ü"
+    repo, cfg = copy_done(done, home / "clone")
+    for t in TARGETS:
+        (repo / t).unlink()
+    shutil.rmtree(repo / "results/report")
+    smk(repo, "--cores", "2", "report", *cfg)   # in place
+    assert all(results.audit(repo / t).sound for t in TARGETS)
+    assert (repo / "results/report/report.html").exists()
+    work = home / "other folder ß"
+    work.mkdir()
+    smk(work, "-s", str(repo / "Snakefile"), "-d", str(work), "--cores", "2", "report", *cfg[:-1],
+        f"locks={{dir: {work / 'locks'}}}")
+    assert all(results.audit(work / t).sound for t in TARGETS)
+    assert (work / "results/report/report.html").exists()
+
+
+def test_snakemake_killed_while_the_report_draws_leaves_no_report_process(done, tmp_path):
+    repo, cfg = copy_done(done, tmp_path / "repo")
+    shutil.rmtree(repo / "results/report")
+    with open(tmp_path / "run.log", "w") as out:
+        p = subprocess.Popen([SNAKEMAKE, "--cores", "2", "report", *cfg], cwd=repo, stdout=out,
+                             stderr=subprocess.STDOUT, env=local_env())
+    mine = lambda: [pid for pid in os.listdir("/proc") if pid.isdigit() and _is_report_of(int(pid), repo)]  # noqa: E731
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not mine():
+        time.sleep(0.1)
+    assert mine(), (tmp_path / "run.log").read_text()[-2000:]
+    os.kill(p.pid, signal.SIGKILL)   # Snakemake's main process alone
+    p.wait()
+    t0 = time.monotonic()
+    while mine() and time.monotonic() - t0 < 10:
+        time.sleep(0.2)
+    assert not mine(), "report.py alive 10 s after Snakemake was killed"
+    time.sleep(2)
+    assert not (repo / "results/report/report.html").exists()
+
+
+def _is_report_of(pid: int, repo: Path) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(a.endswith(b"scripts/report.py") for a in argv) and str(repo).encode() in Path(
+        f"/proc/{pid}/cwd").resolve().as_posix().encode()
+
+
+def test_a_refused_local_copy_of_the_data_is_said_at_the_end_and_in_the_report(done, tmp_path):
+    """data.local_dir with a truncated file: the data stage refuses it and takes the next
+    copy (Debian's package, or the mirrors); the closing lines and the report say so."""
+    repo, cfg = copy_done(done, tmp_path / "repo")
+    bad = tmp_path / "fmnist copy"
+    shutil.copytree(repo / "results/data/FashionMNIST/raw", bad, ignore=shutil.ignore_patterns("*-ubyte"))
+    gz = bad / "t10k-labels-idx1-ubyte.gz"
+    gz.write_bytes(gz.read_bytes()[:100])
+    run = smk(repo, "--cores", "2", "report", *cfg, f"data={{source: auto, local_dir: {bad}}}")
+    end = closing_lines(run)
+    assert f"data: Fashion-MNIST in {bad} was refused" in end, end
+    assert f"Fashion-MNIST in {bad} was refused" in (repo / "results/report/report.html").read_text()
+
+
+# ---------------------------------------------------------------- one line each
+
+def test_a_fingerprint_count_that_is_not_a_number_is_one_line(tmp_path, primed):
+    hw = tmp_path / "hw.json"
+    hw.write_text(json.dumps({"gpu_count": "two", "cpu_count": 2}))
+    p = smk(primed, "-n", "--cores", "1", "report", "--config", f"hardware_file={hw}", check=False)
+    assert p.returncode != 0
+    assert p.stderr.splitlines()[-1] == (f"Invalid configuration: hardware_file: {hw}: 'gpu_count' is \"two\"; "
+                                         "it must be a whole number >= 0 (e.g. \"gpu_count\": 2)")
+
+
+def test_a_list_with_an_open_bracket_is_one_line_with_the_fix(primed):
+    p = smk(primed, "-n", "--cores", "1", "report", "--config", "ks=[1,2", check=False)
+    assert p.stderr.splitlines()[-1] == ("Invalid configuration: ks: [1,2 is not a list (a bracket is not "
+                                         "closed); write it whole, e.g. 'ks=[1, 2, 4]'")
+
+
+def test_a_missing_configfile_is_named_on_the_last_line(primed):
+    """Snakemake reads --configfile before the workflow is parsed, so its own traceback is
+    printed; its last line names the file (README, faults)."""
+    p = smk(primed, "-n", "--cores", "1", "report", "--configfile", "no/such config.yaml", check=False)
+    assert p.returncode != 0
+    last = [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
+    assert "FileNotFoundError: [Errno 2] No such file or directory: 'no/such config.yaml'" in last[-2:], last[-3:]
+
+
+def test_every_committed_machine_loads_with_no_alert():
+    """A clean report carries no ALERT for a committed machine (a missing plan.json, a
+    result whose seal does not hold)."""
+    from dpscale.report.machines import load_reference, reference_folders
+    from conftest import ROOT
+    for m in map(load_reference, reference_folders([ROOT / "reference"])):
+        assert not m.errors and not m.alerts, (m.label, m.errors, m.alerts)
