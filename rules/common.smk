@@ -10,6 +10,7 @@ from pathlib import Path
 from dpscale.plan import config as dsconfig, fingerprint as dsfp, jobs, replan, specs
 from dpscale import provenance, registry, results
 from dpscale.data import fetch as dsfetch
+from dpscale.run import caches as dsrun_caches
 
 try:
     FP = dsfp.load(config["hardware_file"]) if config["hardware_file"] else dsfp.probe()
@@ -37,5 +38,8 @@ REPLAN = replan.Replanner(
 # written relative to the working folder: a params value, so an absolute path would
 # rerun every job of a clone that was moved or copied to another machine.
 SCRIPTS = os.path.relpath(Path(workflow.basedir) / "scripts")
+# Every job's Python keeps its bytecode where the environment forbids writing it beside
+# the sources (dpscale.run.caches.bytecode_env): a job would compile torch from source.
+os.environ.update(dsrun_caches.bytecode_env(CACHE["dir"], os.environ))
 # `resources: **MEASURE` in every measurement rule (dpscale.plan.jobs.resources)
 MEASURE = jobs.resources(RESOLVED["cluster"], FP, LOCKS, CACHE)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import CPU_FP, make_spec, run_job
+from conftest import CPU_FP, env_with_src, make_spec, run_job
 from dpscale.run import caches, launches
 
 GPU_FP = {**CPU_FP, "gpu_model": "NVIDIA H200", "gpu_count": 1, "driver": "580.95.05", "torch": "2.11.0+cu130",
@@ -327,3 +328,17 @@ def test_later_launches_start_no_compile_workers_only_where_the_cache_serves_the
     assert caches.later_launch(mine)["TORCHINDUCTOR_COMPILE_THREADS"] == "8"
     jax = caches.apply({}, caches.variables("jax", Path("/c")))
     assert caches.later_launch(jax) == jax
+
+
+def test_bytecode_cache_only_where_the_environment_forbids_bytecode(tmp_path):
+    """An image with PYTHONDONTWRITEBYTECODE compiles torch from source in every job (8.4-9.1 s
+    against 2.7 s on the H200 image): the workflow points such jobs at a bytecode cache, and
+    leaves every other environment, and a prefix the user set, as it is."""
+    assert caches.bytecode_env(tmp_path, {}) == {}
+    assert caches.bytecode_env(tmp_path, {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/mine"}) == {}
+    env = caches.bytecode_env(tmp_path, {"PYTHONDONTWRITEBYTECODE": "1"})
+    assert env == {"PYTHONPYCACHEPREFIX": str(tmp_path / caches.BYTECODE), "PYTHONDONTWRITEBYTECODE": ""}
+    code = "import json, dpscale.results"
+    p = subprocess.run([sys.executable, "-c", code], env={**env_with_src(), **env}, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert list((tmp_path / caches.BYTECODE).rglob("results*.pyc")), "no bytecode written under the prefix"

@@ -132,3 +132,14 @@ def test_a_smoke_run_ends_with_the_answer(primed, tmp_path):
     assert "ddp_weak/cached/k2 failed: RuntimeError: injected fault" in tail and "(log logs/ddp_weak/cached/k2.log)" in tail
     assert "h200: 1x H200, paper scale, data real" in tail and "evaluation on the clock" in tail
     assert (repo / "results/report/summary.txt").read_text().rstrip("\n").splitlines()[-1] == err[-1]
+
+
+def test_the_summary_names_the_series_a_lone_k1_left_unmeasured():
+    from types import SimpleNamespace
+    from dpscale.plan.specs import LONE_K1
+    skip = {"status": "skipped", "reason": f"{LONE_K1}: no k >= 2 can run on this machine (1 device), ..."}
+    m = SimpleNamespace(label="this run", results={("ddp_strong", "cached", 1): skip, ("fsdp", "default", 1): skip,
+                                                    ("ddp_weak", "tuned", 1): {"status": "ok"},
+                                                    ("allreduce", "default", 2): {"status": "skipped", "reason": "k=2"}})
+    assert summary.lone_lines(m) == [f"this run: not measured, {LONE_K1} on this machine (no k >= 2 can run): "
+                                     "ddp_strong/cached, fsdp/default"]

@@ -192,6 +192,34 @@ def test_more_devices_do_not_change_k1_but_enable_k2():
     assert specs.dumps(specs.job_spec(r, changed, "ddp_weak", "cached", 1, {})) != k1[0]
 
 
+def test_a_lone_k1_is_skipped_where_no_k2_can_run_unless_another_result_reads_it():
+    """One GPU: a series' k=1 is a number with no ratio, so it is skipped, saying why; the
+    k=1 time to accuracy reads its samples/s from (the tuned step on a GPU) is measured;
+    two devices, or lone_k1=true, measure every k=1."""
+    gpu = dict(CPU_FP, gpu_count=1, gpu_model="H200")
+    cfg = {**dsconfig_defaults(), "tuned": "auto"}
+    r = dsconfig.resolve(cfg, gpu)
+    skipped = {(e, v) for e, v, k in specs.planned(r) if k == 1
+               and (specs.job_spec(r, gpu, e, v, 1, {})["skip_reason"] or "").startswith(specs.LONE_K1)}
+    assert skipped == {("ddp_weak", "seed"), ("ddp_weak", "cached"), ("ddp_strong", "cached"), ("fsdp", "default"),
+                       ("jax_weak", "host")}, skipped
+    assert not specs.job_spec(r, gpu, "ddp_weak", "tuned", 1, {})["skip_reason"]   # time to accuracy's rate
+    assert not specs.job_spec(r, gpu, "ddp_tta", "book", 1, {})["skip_reason"]
+    two = dict(gpu, gpu_count=2)
+    assert all(not specs.job_spec(dsconfig.resolve(cfg, two), two, e, v, 1, {})["skip_reason"] for e, v in skipped)
+    on = dsconfig.resolve({**cfg, "lone_k1": True}, gpu)
+    assert all(not specs.job_spec(on, gpu, e, v, 1, {})["skip_reason"] for e, v in skipped)
+
+
+def dsconfig_defaults() -> dict:
+    """config.yaml with every schema default filled in, as the workflow sees it."""
+    import yaml
+    from snakemake.utils import validate
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    validate(cfg, str(ROOT / "schemas" / "config.schema.yaml"))
+    return cfg
+
+
 def test_jax_specs_ignore_torch_versions():
     r = _resolved()
     a = specs.job_spec(r, CPU_FP, "jax_weak", "host", 1, {})

@@ -77,7 +77,8 @@ def resolve(config: dict, fp: dict) -> dict:
             raise ConfigError(f"data.local_dir: {data['local_dir']!r} is not a folder; write "
                               "'data={source: local, local_dir: <the folder with the four Fashion-MNIST .gz files>}'")
     return {"scale": scale, "requested_scale": config["scale"], "protocol": proto, "ks": ks,
-            "tuned": bool(tuned), "extended": bool(extended), "watchdog": wd, "experiments": experiments(config["experiments"]),
+            "tuned": bool(tuned), "extended": bool(extended), "lone_k1": bool(config.get("lone_k1", False)),
+            "watchdog": wd, "experiments": experiments(config["experiments"]),
             "cluster": cluster, "forecast": dict(config.get("forecast") or {}),
             "gpu_state": {"on_shared": "warn", "on_throttle": "warn", **(config.get("gpu_state") or {})}}
 

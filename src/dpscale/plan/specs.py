@@ -47,6 +47,35 @@ def targets(resolved: dict, root: str = results.RUNS) -> list[str]:
     return [results.result_path(e, v, k, root) for e, v, k in planned(resolved)]
 
 
+LONE_K1 = "a lone k=1 gives no ratio"   # how the summary finds these skips (report.summary)
+
+
+def answer_rates(resolved: dict) -> set[tuple[str, str]]:
+    """The k=1 throughput points a planned time-to-accuracy variant reads its samples/s
+    from: of its rate_from, the first series the configuration plans (registry.Variant)."""
+    planned_k1 = {(e, v) for e, v, k in planned(resolved) if k == 1}
+    out = set()
+    for e, v, _k in planned(resolved):
+        rate_from = registry.get(e).variant(v).rate_from
+        weak = registry.scaling_of(registry.get(e).family, "weak")
+        first = next((r for r in rate_from if (weak, r) in planned_k1), None)
+        if first:
+            out.add((weak, first))
+    return out
+
+
+def lone_k1(resolved: dict, fp: dict, experiment: str, variant: str, k: int) -> str | None:
+    """Why a series' k=1 is skipped: on a machine where none of its k >= 2 can run, a
+    k=1 point is a number with no ratio, unless another result reads it (config lone_k1)."""
+    if k != 1 or resolved.get("lone_k1") or registry.get(experiment).emulates:
+        return None
+    eff = dscluster.effective(resolved.get("cluster"), fp)
+    if dscluster.capacity(eff) >= 2 or (experiment, variant) in answer_rates(resolved):
+        return None
+    return (f"{LONE_K1}: no k >= 2 can run on this machine ({dscluster.capacity(eff)} device), and no other "
+            "result reads this k=1; lone_k1=true measures it")
+
+
 def skip_reason(experiment: str, variant: str, k: int, fp: dict,
                 cluster: dict | None = None) -> str | None:
     gpus = fp.get("gpu_count") or 0
@@ -100,7 +129,8 @@ def job_spec(resolved: dict, fp: dict, experiment: str, variant: str, k: int, in
         "fingerprint": fpmod.subset(fp, exp.family, k),
         "env": dict(var.env),
         "limit_s": limit, "pg_timeout_s": pg_timeout_s(float(limit)), "grace_s": resolved["watchdog"]["grace_s"],
-        "inputs": inputs, "skip_reason": skip_reason(experiment, variant, k, fp, resolved.get("cluster")),
+        "inputs": inputs, "skip_reason": (skip_reason(experiment, variant, k, fp, resolved.get("cluster"))
+                                          or lone_k1(resolved, fp, experiment, variant, k)),
     }
     if exp.family == "torch":
         spec["threads_per_rank"] = THREADS_PER_RANK

@@ -118,6 +118,16 @@ def failed_lines(m) -> list[str]:
             "result: --forcerun its rule to try again):"] + rows
 
 
+def lone_lines(m) -> list[str]:
+    """The series not measured on this machine because their k=1 alone gives no ratio."""
+    from dpscale.plan.specs import LONE_K1
+    lone = sorted({f"{e}/{v}" for (e, v, _k), r in m.results.items()
+                   if r.get("status") == "skipped" and LONE_K1 in (r.get("reason") or "")})
+    if not lone:
+        return []
+    return [f"{m.label}: not measured, {LONE_K1} on this machine (no k >= 2 can run): {', '.join(lone)}"]
+
+
 def text(data, html_path) -> str:
     """The closing summary of a built report (dpscale.report.build writes it)."""
     out = ["", RULE, HEAD, "(speed-up over k=1 [95% interval]; samples/s forecast: its band; time to accuracy = "
@@ -131,6 +141,7 @@ def text(data, html_path) -> str:
     out += (failed_lines(cur) or [f"{cur.label}: every planned measurement left a number or was skipped"]) if cur \
         else []
     out += [f"data: {a}" for a in (cur.alerts if cur else [])]
+    out += lone_lines(cur) if cur else []
     out += ["", f"report: {Path(html_path).resolve()}"]
     return "\n".join(out) + "\n"
 

@@ -24,6 +24,15 @@ compilers key their own entries further (graph, shapes, compile options).
 A cache that cannot be used never fails a measurement: a folder that cannot be created
 or written, or a key file that is unreadable or names another key, turns the caches off
 for that job (the compilers' own caches too), and the job's log says why.
+
+Python's own bytecode is the first compile of every process: an image that sets
+PYTHONDONTWRITEBYTECODE over a site-packages without __pycache__ (the lent H200 image)
+compiles torch, dynamo and sympy from source in every job, 8.4-9.1 s for `import torch,
+torch.distributed.fsdp, torch._dynamo` there against 2.7-2.8 s from a bytecode cache
+(docs/measurements/, the launch-imports report). `bytecode_env` keeps that bytecode under
+<cache.dir>/python-bytecode (PYTHONPYCACHEPREFIX; Python checks each file against its
+source's mtime and size, so one folder serves every install); the workflow sets it for
+every job it starts, where the environment forbids writing bytecode beside the sources.
 """
 from __future__ import annotations
 
@@ -131,6 +140,25 @@ def env_for(root: str | os.PathLike | None, family: str, fp: dict) -> tuple[dict
     k = key(family, fp)
     what = ", ".join(f"{f} {v}" for f, v in k.items() if f != "family")
     return variables(family, folder), f"compile cache {folder} ({'warm' if warm else 'empty'}; key {what})"
+
+
+BYTECODE = "python-bytecode"
+
+
+def bytecode_env(root: str | os.PathLike | None, env: dict) -> dict:
+    """The variables that give the processes a workflow starts a bytecode cache under
+    `root` (see the module's docstring); {} where Python may already write its bytecode,
+    a prefix is set (the user's choice), or the folder cannot be made."""
+    if not root or not env.get("PYTHONDONTWRITEBYTECODE") or env.get("PYTHONPYCACHEPREFIX"):
+        return {}
+    folder = Path(root).expanduser() / BYTECODE
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe."):
+            pass
+    except OSError:
+        return {}
+    return {"PYTHONPYCACHEPREFIX": str(folder), "PYTHONDONTWRITEBYTECODE": ""}
 
 
 def apply(env: dict, changes: dict) -> dict:
