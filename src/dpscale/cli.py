@@ -130,10 +130,11 @@ def forecast(a) -> int:
     cfg = fcr.settings(None, **{k: getattr(a, k) for k in ("gpus_per_node", "max_nodes", "knee_efficiency",
                                                           "bootstrap_draws")})
     try:
-        given = fcr.given_fabric([str(p.resolve()) for p in a.fabric] if a.fabric else cfg["fabric_files"])
+        given = (fcr.given_fabric([str(p.resolve()) for p in a.fabric], per_node=a.gpus_per_node) if a.fabric
+                 else fcr.default_fabric(cfg))
     except (FabricFileError, ValueError) as e:
         raise SystemExit(f"dpscale forecast: {e}") from None
-    forecasts = [fcr.of_machine(m, machines, cfg, given) for m in machines]
+    forecasts = [fcr.of_machine(m, cfg, given) for m in machines]
     print(fcr.text(forecasts))
     print(fcr.tta_text(machines, forecasts))
     if a.json:
