@@ -409,6 +409,17 @@ def verdict_text(f: dict) -> str:
 SHORT = {"naive_constant": "constant", "naive_ring": "ring-scaled", "naive_bare": "bare all-reduce"}
 
 
+def naive_lead(f: dict | None) -> str:
+    """'' where the model did best out of sample on this machine (or nothing was checked),
+    else the naive predictor that did, to lead a line about the machine's forecast."""
+    v = ((f or {}).get("summary") or {}).get("verdict") or {}
+    if v.get("winner", "model") == "model":
+        return ""
+    w = v[v["winner"]]
+    return (f"out of sample {w['name']} did better here ({w['mean_abs']:.1f} against the model's "
+            f"{w['model_mean_abs']:.1f} points mean |error| on its {w['n']} rows); ")
+
+
 def series_text(s: dict, winner: str = "model") -> list[str]:
     tiers = "; ".join(f"{t}: {v}" for t, v in s.get("tiers", {}).items())
     lead = winner if winner != "model" else None
