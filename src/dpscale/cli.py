@@ -108,6 +108,9 @@ def add_forecast_parser(sub) -> None:
                         "(the printed table or -J JSON) or an all-reduce result JSON; one host gives the in-node "
                         "ring, several hosts the tier between nodes; repeat for both (default: "
                         "schemas/config.schema.yaml forecast.fabric_files)")
+    f.add_argument("--fabric-check", type=Path, default=None, metavar="DIR",
+                   help="instead of a forecast, check the fabric model on public nccl-tests outputs of one cluster at "
+                        "several scales (DIR/scales.yaml; reference/fabrics/nccl-tests; docs/fabric-check.md)")
     for key, kind, what in (("gpus_per_node", int, "devices per node"), ("max_nodes", int, "most nodes"),
                             ("knee_efficiency", float, "efficiency threshold of the knee"),
                             ("bootstrap_draws", int, "bootstrap draws of the band")):
@@ -119,6 +122,9 @@ def forecast(a) -> int:
     from dpscale.analysis.forecast.fabric_file import FabricFileError
     from dpscale.report import forecast as fcr
     from dpscale.report.machines import load_reference, reference_folders
+    if a.fabric_check:
+        print(fcr.fabric_check_text(a.fabric_check, json_path=a.json))
+        return 0
     dirs = a.dirs or reference_folders([ROOT / "reference"])
     bad = [d for d in dirs if not (Path(d) / "runs").is_dir()]
     if bad:

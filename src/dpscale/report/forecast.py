@@ -187,7 +187,7 @@ def _check_layout(one: list, multi: list, per_node: int | None) -> None:
         raise FabricRefused(f"{m.source} measures one GPU per node, so its cluster has no in-node ring for "
                             f"{one[0].source} to give; pass one or the other")
     if per_node and per_node != m.gpus_per_node:
-        raise FabricRefused(f"{m.source} measures nodes of {m.gpus_per_node} GPUs, not the --gpus-per-node "
+        raise FabricRefused(f"{m.source} measures nodes of {m.gpus_per_node} GPU(s), not the --gpus-per-node "
                             f"{per_node} asked for: the tier between nodes depends on how many GPUs share a node's "
                             f"links; drop --gpus-per-node (the forecast then takes nodes of {m.gpus_per_node}) or "
                             "pass a file measured on nodes of that size")
@@ -495,6 +495,47 @@ def text(forecasts: list[dict]) -> str:
     if pooled["banded"]:
         lines.append(f"\nBand coverage over every machine above: {pooled['inside']} of {pooled['banded']} "
                      f"({100 * pooled['coverage']:.0f}%) at {100 * cfg.get('band_level', 0):.0f}%")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- `dpscale forecast --fabric-check`
+
+def fabric_check(folder, cfg: dict | None = None) -> dict:
+    """The fabric model checked on the public outputs of folder/scales.yaml (a folder or the manifest)."""
+    from dpscale.analysis.forecast import fabric_check as fk
+    p = Path(folder)
+    cfg = cfg or settings(None)
+    return fk.run(p if p.suffix in (".yaml", ".yml") else p / "scales.yaml", level=cfg["band_level"])
+
+
+def fabric_check_rows(res: dict) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in ("_draws", "rows")} for r in res["cases"]]
+
+
+def fabric_check_text(folder, json_path=None) -> str:
+    """`dpscale forecast --fabric-check DIR`: per case, the larger scale's large-message
+    busbw predicted from the smaller one, with its band, beside the naive constant busbw."""
+    res = fabric_check(folder)
+    lv = f"{100 * res['level']:.0f}%"
+    lines = [f"Fabric check ({res['manifest']}): the larger scale's busbw at the largest payload both outputs "
+             f"measured, predicted from the smaller scale [{lv} band: bootstrap over its rows, the misfit of the other "
+             "clusters' cases]; naive: the smaller scale's busbw at that payload"]
+    for r in res["cases"]:
+        band = f"[{r['band_lo']:.1f}, {r['band_hi']:.1f}]" if r["band_lo"] is not None else "[no band]"
+        lines.append(f"  {'held out ' if r['held_out'] else ''}{r['cluster']}: {r['small_layout']} -> "
+                     f"{r['large_layout']} at {r['bytes'] / 2**20:.0f} MiB: measured {r['measured_busbw_GBps']:.1f} "
+                     f"GB/s, predicted {r['predicted_busbw_GBps']:.1f} {band}, error {r['error_pct']:+.1f}%"
+                     f"{'' if r['inside'] else ' (outside the band)'}; naive {r['naive_busbw_GBps']:.1f} "
+                     f"({r['naive_error_pct']:+.1f}%)")
+    for key, what in (("checked", "cases"), ("held_out", "held-out cases")):
+        s = res["summary"][key]
+        if s["cases"]:
+            lines.append(f"  {what}: {s['cases']} over {s['clusters']} cluster(s), mean |error| model "
+                         f"{s['model_mean_abs_pct']:.1f}%, naive {s['naive_mean_abs_pct']:.1f}%; {s['inside']} of "
+                         f"{s['banded']} inside the band")
+    if json_path:
+        write_json_atomic(json_path, {"written_utc": utc_now(), **{k: v for k, v in res.items() if k != "cases"},
+                                      "cases": fabric_check_rows(res)})
     return "\n".join(lines)
 
 
