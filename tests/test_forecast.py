@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -472,3 +473,48 @@ def test_the_two_node_stand_in_is_predicted_from_one_node_and_its_link():
     assert {u.kind for u in r["used"]} <= {"throughput", "internode sweep", "buckets", "step spread", "no overlap"}
     assert r["predicted_lo"] <= r["measured"] <= r["predicted_hi"] and abs(r["error_points"]) < 5, r
     assert r["measured_overhead_ms"] > r["compute_ms"] * 0.8   # communication over ~half the step
+
+
+GH200 = FABRICS / "gh200_2node_1gpu_olivia.txt"   # NVIDIA/nccl-tests#369: two nodes of one GH200
+
+
+def test_a_file_of_one_gpu_per_node_forecasts_nodes_of_one_and_says_its_source(capsys):
+    """The audit: a real two-node GH200 output (one GPU per node) gave reference/h200 no
+    forecast and exit 0. It builds the tier it measures: a forecast per node count, nodes
+    of one device, with the tier's source named."""
+    from dpscale import cli
+    assert cli.main(["forecast", str(ROOT / "reference" / "h200"), "--no-book", "--bootstrap-draws", "10",
+                     "--fabric", str(GH200)]) == 0
+    text = capsys.readouterr().out
+    assert "between nodes: gh200_2node_1gpu_olivia.txt" in text and "(given)" in text and "nodes of 1 (" in text
+    rows = [line.split() for line in text.split("Time to accuracy")[0].splitlines()
+            if re.match(r"\s+\d+\s+\d+\s+predicted", line)]
+    assert rows and {int(r[1]) for r in rows} == set(range(2, 17)) and all(r[0] == r[1] for r in rows)
+    assert all("%" in r[3] and r[3] != "–%" for r in rows)
+
+
+@pytest.mark.parametrize("extra, why", [
+    (["--fabric", str(FABRICS / "h100_1node_8gpu.txt")], "measures one GPU per node, so its cluster has no in-node ring"),
+    (["--gpus-per-node", "8"], "measures nodes of 1 GPU(s), not the --gpus-per-node 8")])
+def test_a_file_whose_layout_does_not_fit_is_refused_in_one_line(extra, why):
+    from dpscale import cli
+    with pytest.raises(SystemExit) as e:
+        cli.main(["forecast", str(ROOT / "reference" / "h200"), "--no-book", "--fabric", str(GH200), *extra])
+    msg = str(e.value)
+    assert msg.startswith("dpscale forecast: ") and why in msg and "\n" not in msg
+
+
+def test_a_given_file_takes_the_tier_it_covers_and_a_default_one_only_fills_a_gap():
+    """h200x2 measured its own ring at k=2: the schema's default files leave it, a file the
+    user gives takes it; either way the tier between nodes is the file's, and the record
+    says which source each tier took."""
+    from dpscale.report import forecast as fcr
+    from dpscale.report.machines import load_reference
+    m = load_reference(ROOT / "reference" / "h200x2")
+    default = fcr.of_machine(m, CFG, fcr.default_fabric(CFG))["series"][0]["tiers"]
+    given = fcr.of_machine(m, CFG, fcr.given_fabric([str(FABRICS / "h100_1node_8gpu.txt"),
+                                                     str(FABRICS / "h100_2node_srun_label.txt")]))["series"][0]["tiers"]
+    assert default[fit.IN_NODE] == "this machine's all-reduce sweep at k=2"
+    assert "default file" in default[fit.ACROSS]
+    assert given[fit.IN_NODE].startswith("h100_1node_8gpu.txt") and given[fit.IN_NODE].endswith("(given)")
+    assert given[fit.ACROSS].startswith("h100_2node_srun_label.txt") and given[fit.ACROSS].endswith("(given)")

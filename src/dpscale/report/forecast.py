@@ -397,12 +397,12 @@ def verdict_text(f: dict) -> str:
         return "  out of sample: nothing measured here at k >= 2 to check a prediction against"
     if v["winner"] != "model":
         w = v[v["winner"]]
-        return (f"  best out of sample here: {w['name']} (naive), mean |error| {w['mean_abs']:.1f} points on its "
-                f"{w['n']} rows against the model's {w['model_mean_abs']:.1f} on the same rows; read its column "
+        return (f"  best out of sample here: {w['name']} (naive), mean |error| {w['mean_abs']:.2f} points on its "
+                f"{w['n']} rows against the model's {w['model_mean_abs']:.2f} on the same rows; read its column "
                 f"('{SHORT[v['winner']]}') before the model's")
-    parts = [f"{x['name']} {x['mean_abs']:.1f} (model {x['model_mean_abs']:.1f}, {x['n']} rows)"
+    parts = [f"{x['name']} {x['mean_abs']:.2f} (model {x['model_mean_abs']:.2f}, {x['n']} rows)"
              for key, x in v.items() if key in NAIVE_KEYS]
-    return f"  best out of sample here: the model, mean |error| {s['model']['mean_abs']:.1f} points; naive: " + \
+    return f"  best out of sample here: the model, mean |error| {s['model']['mean_abs']:.2f} points; naive: " + \
         "; ".join(parts)
 
 
@@ -416,8 +416,8 @@ def naive_lead(f: dict | None) -> str:
     if v.get("winner", "model") == "model":
         return ""
     w = v[v["winner"]]
-    return (f"out of sample {w['name']} did better here ({w['mean_abs']:.1f} against the model's "
-            f"{w['model_mean_abs']:.1f} points mean |error| on its {w['n']} rows); ")
+    return (f"out of sample {w['name']} did better here ({w['mean_abs']:.2f} against the model's "
+            f"{w['model_mean_abs']:.2f} points mean |error| on its {w['n']} rows); ")
 
 
 def series_text(s: dict, winner: str = "model") -> list[str]:

@@ -50,8 +50,8 @@ def lead_text(f: dict) -> str:
     if v["winner"] == "model":
         return ""
     w = v[v["winner"]]
-    return (f"out of sample {w['name']} did best here (mean |error| {w['mean_abs']:.1f} points on its {w['n']} rows, "
-            f"the model {w['model_mean_abs']:.1f} on them): read it first; ")
+    return (f"out of sample {w['name']} did best here (mean |error| {w['mean_abs']:.2f} points on its {w['n']} rows, "
+            f"the model {w['model_mean_abs']:.2f} on them): read it first; ")
 
 
 def summary_text(f: dict) -> str:
@@ -60,7 +60,7 @@ def summary_text(f: dict) -> str:
     if s.get("with_measured_interval"):
         cov += (f", {s['predicted_in_measured']} of {s['with_measured_interval']} predictions inside the measured "
                 f"interval (widest +-{s['measured_halfwidth_max_points']:.1f} points)")
-    naive = "; ".join(f"{x['name']} {x['mean_abs']:.1f} (model {x['model_mean_abs']:.1f} on its {x['n']} rows)"
+    naive = "; ".join(f"{x['name']} {x['mean_abs']:.2f} (model {x['model_mean_abs']:.2f} on its {x['n']} rows)"
                       for key, x in s["verdict"].items() if key.startswith("naive_"))
     return (f"{f['label']}: {lead_text(f)}{s['model']['n']} rows predicted out of sample, mean |error| "
             f"{s['model']['mean_abs']:.1f} points, max {s['model']['max_abs']:.1f}{cov} (naive: {naive})")
