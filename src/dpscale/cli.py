@@ -104,10 +104,11 @@ def add_forecast_parser(sub) -> None:
     f.add_argument("--no-book", action="store_true", help="leave the book out")
     f.add_argument("--json", type=Path, default=None, help="also write the forecast JSON here")
     f.add_argument("--fabric", type=Path, action="append", default=None, metavar="FILE",
-                   help="a measured all-reduce for the tiers a machine lacks: nccl-tests' all_reduce_perf output "
-                        "(the printed table or -J JSON) or an all-reduce result JSON; one host gives the in-node "
-                        "ring, several hosts the tier between nodes; repeat for both (default: "
-                        "schemas/config.schema.yaml forecast.fabric_files)")
+                   help="a measured all-reduce, used for the tier it covers over the machine's own: nccl-tests' "
+                        "all_reduce_perf output (the printed table or -J JSON) or an all-reduce result JSON; one host "
+                        "gives the in-node ring, several hosts the tier between nodes and the nodes' size; repeat for "
+                        "both (default: schemas/config.schema.yaml forecast.fabric_files, only for tiers a machine "
+                        "did not measure)")
     f.add_argument("--fabric-check", type=Path, default=None, metavar="DIR",
                    help="instead of a forecast, check the fabric model on public nccl-tests outputs of one cluster at "
                         "several scales (DIR/scales.yaml; reference/fabrics/nccl-tests; docs/fabric-check.md)")
