@@ -136,10 +136,14 @@ def add_forecast_parser(sub) -> None:
     f.add_argument("--no-book", action="store_true", help="leave the book out")
     f.add_argument("--json", type=Path, default=None, help="also write the forecast JSON here")
     f.add_argument("--fabric", type=Path, action="append", default=None, metavar="FILE",
-                   help="a measured all-reduce for the tiers a machine lacks: nccl-tests' all_reduce_perf output "
-                        "(the printed table or -J JSON) or an all-reduce result JSON; one host gives the in-node "
-                        "ring, several hosts the tier between nodes; repeat for both (default: "
-                        "schemas/config.schema.yaml forecast.fabric_files)")
+                   help="a measured all-reduce, used for the tier it covers over the machine's own: nccl-tests' "
+                        "all_reduce_perf output (the printed table or -J JSON) or an all-reduce result JSON; one host "
+                        "gives the in-node ring, several hosts the tier between nodes and the nodes' size; repeat for "
+                        "both (default: schemas/config.schema.yaml forecast.fabric_files, only for tiers a machine "
+                        "did not measure)")
+    f.add_argument("--fabric-check", type=Path, default=None, metavar="DIR",
+                   help="instead of a forecast, check the fabric model on public nccl-tests outputs of one cluster at "
+                        "several scales (DIR/scales.yaml; reference/fabrics/nccl-tests; docs/fabric-check.md)")
     for key, kind, what in (("gpus_per_node", int, "devices per node"), ("max_nodes", int, "most nodes"),
                             ("knee_efficiency", float, "efficiency threshold of the knee"),
                             ("bootstrap_draws", int, "bootstrap draws of the band")):
@@ -151,6 +155,9 @@ def forecast(a) -> int:
     from dpscale.analysis.forecast.fabric_file import FabricFileError
     from dpscale.report import forecast as fcr
     from dpscale.report.machines import load_reference, reference_folders
+    if a.fabric_check:
+        print(fcr.fabric_check_text(a.fabric_check, json_path=a.json))
+        return 0
     dirs = a.dirs or reference_folders([ROOT / "reference"])
     bad = [d for d in dirs if not (Path(d) / "runs").is_dir()]
     if bad:
@@ -163,10 +170,11 @@ def forecast(a) -> int:
     cfg = fcr.settings(None, **{k: getattr(a, k) for k in ("gpus_per_node", "max_nodes", "knee_efficiency",
                                                           "bootstrap_draws")})
     try:
-        given = fcr.given_fabric([str(p.resolve()) for p in a.fabric] if a.fabric else cfg["fabric_files"])
+        given = (fcr.given_fabric([str(p.resolve()) for p in a.fabric], per_node=a.gpus_per_node) if a.fabric
+                 else fcr.default_fabric(cfg))
     except (FabricFileError, ValueError) as e:
         raise SystemExit(f"dpscale forecast: {e}") from None
-    forecasts = [fcr.of_machine(m, machines, cfg, given) for m in machines]
+    forecasts = [fcr.of_machine(m, cfg, given) for m in machines]
     print(fcr.text(forecasts))
     print(fcr.tta_text(machines, forecasts))
     if a.json:

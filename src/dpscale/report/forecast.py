@@ -4,11 +4,15 @@ records. Here, and only here, results become the forecast's inputs: the registry
 which experiment is a family's weak or strong scaling and which measures the fabric, the
 overlap and the all-reduce census (registry.Experiment.scaling, .feeds).
 
-Fabric, in order: a machine's own all-reduce sweeps (and its own measured link between
-nodes); else another machine's in the report with the same GPU model (`fabric_from`);
-then fabric files (forecast.fabric_files, `dpscale forecast --fabric`: nccl-tests output
-or a kept all-reduce result) for the tiers still missing. Without an across-node tier
-nothing is predicted past one node.
+One machine, one answer: a machine's forecast is a function of its own results, the
+fabric files given and the committed machines (the fixed pool the band's misfit falls
+back on, misfit.py), never of what else is in the report or on the command line.
+
+Fabric, per tier (fit.py): the user's files (`dpscale forecast --fabric`, or a configured
+forecast.fabric_files) for the tiers they cover; else the machine's own all-reduce sweeps
+(and its own measured link between nodes); else the schema's default files. Each series
+says which source each tier took. Without a tier between nodes nothing is predicted past
+one node; the grid's nodes hold as many devices as that tier was measured with.
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ def rate(r: dict):
     m = _m(r)
     launches = tuple(tuple(x) for x in (m.get("samples_per_s_launch_repeats") or []) if x)
     return Rate(float(m["samples_per_s"]), launches if len(launches) >= 2 else (),
-                tuple(m.get("samples_per_s_repeats") or ()))
+                tuple(m.get("samples_per_s_repeats") or ()), r.get("started_utc") or "")
 
 
 def nodes_of(r: dict) -> int:
@@ -138,79 +142,144 @@ def series_list(results: dict) -> list[tuple[str, str]]:
     return out
 
 
-def given_fabric(paths, base: Path | None = None):
-    """fit.Given from fabric files (forecast.fabric_files, `--fabric`): a one-host sweep
-    gives the in-node ring, a multi-host one the tier across nodes (with the one-host
-    file's ring subtracted where both are given). A relative path is the workflow's."""
+class FabricRefused(ValueError):
+    """Fabric files that give no tier this forecast can use: the message is one line."""
+
+
+def given_fabric(paths, base: Path | None = None, *, explicit: bool = True, per_node: int | None = None):
+    """fit.Given from fabric files: a one-host sweep gives the in-node ring, a multi-host
+    one the tier between nodes (the one-host file's ring subtracted) and the layout of the
+    grid's nodes. explicit: the user's files (over the machine's own tiers); else the
+    schema's defaults (only where a machine measured none). per_node: the devices per node
+    the user asked for (--gpus-per-node), None to take the file's. A relative path is the
+    workflow's. Raises FabricRefused (one line) where the files cannot build the tiers."""
     from dpscale.analysis.forecast import fabric_file, fit
     sweeps = [fabric_file.read_sweep(Path(p) if Path(p).is_absolute() else (base or provenance.ROOT) / p)
               for p in paths or ()]
     one = [s for s in sweeps if s.hosts <= 1]
-    intra = fabric_file.fabric_tiers(one[0]).intra if one else None
     multi = [s for s in sweeps if s.hosts > 1]
+    _check_layout(one, multi, per_node)
+    intra = fabric_file.fabric_tiers(one[0]).intra if one else None
     tiers = fabric_file.fabric_tiers(multi[0], intra) if multi else None
-    intra = intra or (tiers.intra if tiers and tiers.per_node > 1 else None)   # "neglected", and says so
-    names = "; ".join(f"{Path(s.source).name} ({s.ranks} ranks on {s.hosts} host(s)"
-                      + (f", {s.gpu}" if s.gpu else "") + ")" for s in (one[:1] + multi[:1]))
-    return fit.Given(intra, tiers.inter if tiers else None, tiers.per_node if tiers else None, names)
+    if intra is None and tiers and tiers.per_node > 1:
+        intra = tiers.intra   # "neglected", and says so
+    name = (lambda s: f"{Path(s.source).name} ({s.ranks} ranks on {s.hosts} host(s)" + (f", {s.gpu}" if s.gpu else "")
+            + ")")
+    return fit.Given(intra, tiers.inter if tiers else None, tiers.per_node if tiers else None,
+                     "; ".join(name(s) for s in one[:1] + multi[:1]), explicit,
+                     name(one[0]) if one else (f"{name(multi[0])}: in-node part neglected" if intra else ""),
+                     name(multi[0]) if multi else "")
 
 
-def has_fabric(m: Machine) -> bool:
-    fab = registry.feeding("fabric").name
-    return any(e == fab and ok(r) for (e, _v, _k), r in m.results.items())
+def _check_layout(one: list, multi: list, per_node: int | None) -> None:
+    """One line of refusal where the files' layouts do not make one cluster."""
+    if len(multi) > 1 or len(one) > 1:
+        extra = (multi if len(multi) > 1 else one)[1]
+        raise FabricRefused(f"{extra.source}: a second file for the same tier; pass one one-host file and one "
+                            "multi-host file at most")
+    if not multi:
+        return
+    m = multi[0]
+    if not m.gpus_per_node:
+        raise FabricRefused(f"{m.source}: its hosts hold different numbers of ranks; the tier between nodes needs "
+                            "the same number on every node")
+    if one and m.gpus_per_node == 1:
+        raise FabricRefused(f"{m.source} measures one GPU per node, so its cluster has no in-node ring for "
+                            f"{one[0].source} to give; pass one or the other")
+    if per_node and per_node != m.gpus_per_node:
+        raise FabricRefused(f"{m.source} measures nodes of {m.gpus_per_node} GPU(s), not the --gpus-per-node "
+                            f"{per_node} asked for: the tier between nodes depends on how many GPUs share a node's "
+                            f"links; drop --gpus-per-node (the forecast then takes nodes of {m.gpus_per_node}) or "
+                            "pass a file measured on nodes of that size")
 
 
-def donor(m: Machine, machines: list[Machine]) -> Machine | None:
-    if has_fabric(m) or m.kind == "book":
-        return None
-    gpu = m.fingerprint.get("gpu_model")
-    return next((x for x in machines if x is not m and x.kind != "book" and has_fabric(x) and gpu
-                 and x.fingerprint.get("gpu_model") == gpu), None)
+def default_fabric(cfg: dict):
+    """The given fabric of a configuration: forecast.fabric_files, the user's where they
+    differ from the schema's default, else the default (filling gaps only)."""
+    default = dsconfig.schema()["properties"]["forecast"]["properties"]["fabric_files"]["default"]
+    files = cfg.get("fabric_files")
+    return given_fabric(files, explicit=list(files or []) != list(default))
 
 
-def with_spread(s, m: Machine, machines: list[Machine], family: str, variant: str):
-    """A series whose k=1 throughput was measured once takes one measurement's spread
-    from the same series of a machine with the same GPU that repeated it, and says so."""
-    from dataclasses import replace
-
-    from dpscale.analysis.forecast import fit
-    if fit.spread(s) is not None:
-        return s
-    gpu = m.fingerprint.get("gpu_model")
-    for x in machines:
-        if x is m or x.kind == "book" or not gpu or x.fingerprint.get("gpu_model") != gpu:
-            continue
-        r = x.get(registry.scaling_of(family, "weak"), variant, 1)
-        cv = rate(r).cv() if ok(r) else None
-        if cv is not None:
-            return replace(s, noise_cv=cv, noise_how=f"one measurement's spread borrowed from {x.name}")
-    return s
+def identity(series: list) -> str:
+    """What makes two machines the same for the misfit's leave-out: their series' values."""
+    import hashlib
+    return hashlib.sha256(repr(series).encode()).hexdigest()[:16]
 
 
-def of_machine(m: Machine, machines: list[Machine], cfg: dict, given) -> dict:
-    """One machine's forecast: per series its model, grid and validation, and the
-    validation's summary over every row."""
-    from dpscale.analysis.forecast import check, predict
-    d = donor(m, machines)
-    results = dict(m.results)
-    if d:
-        results.update({key: r for key, r in d.results.items() if registry.get(key[0]).feeds})
+def machine_series(m: Machine) -> list[tuple[str, str, object]]:
+    """(family, variant, Series) of every series of a machine with k=1 throughput."""
     hint = ((m.book or {}).get("model") or {}).get("params")
-    series, validation = [], []
-    for family, variant in series_list(results):
-        s = series_of(results, family, variant, parts(results, family, hint))
-        if s is None:
-            continue
-        s = with_spread(s, m, machines, family, variant)
-        grid = predict.grid(s, given, cfg)
-        series.append({"series": s.name, "family": family, "variant": variant, "rows": grid,
+    out = []
+    for family, variant in series_list(m.results):
+        s = series_of(m.results, family, variant, parts(m.results, family, hint))
+        if s is not None:
+            out.append((family, variant, s))
+    return out
+
+
+_COMMITTED: dict = {}
+_VALIDATION: dict = {}
+
+
+def _cfg_key(cfg: dict) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in cfg.items() if k != "fabric_files"))
+
+
+def validation_of(built: list, mid: str, cfg: dict) -> list[dict]:
+    """Every validation row of a machine's series, before its band (check.calibrate),
+    computed once per machine and settings (a fresh copy of each row each call): the
+    validation never reads a fabric file (fit.Given() here says so)."""
+    from dpscale.analysis.forecast import check, fit
+    key = (mid, _cfg_key(cfg))
+    if key not in _VALIDATION:
+        _VALIDATION[key] = [r for *_, s in built for r in check.validation(s, fit.Given(), cfg)]
+    return [dict(r) for r in _VALIDATION[key]]
+
+
+def committed(cfg: dict) -> list:
+    """The validation residuals of the committed machines (reference/*/ and the book):
+    the fixed pool a machine with too few rows of its own takes its misfit from."""
+    from dpscale.analysis.forecast import check
+    from dpscale.report import book as bookmod
+    from dpscale.report.machines import load_reference, reference_folders
+    key = _cfg_key(cfg)
+    if key not in _COMMITTED:
+        machines = [load_reference(p) for p in reference_folders([provenance.ROOT / "reference"])
+                    if (p / "runs").is_dir()]
+        book = bookmod.load(bookmod.PATH) if bookmod.PATH.exists() else None
+        out = []
+        for m in machines + ([book] if book else []):
+            built = machine_series(m)
+            mid = identity([s for *_, s in built])
+            out += [check.residual(r, mid) for r in validation_of(built, mid, cfg)]
+        _COMMITTED[key] = out
+    return _COMMITTED[key]
+
+
+def of_machine(m: Machine, cfg: dict, given) -> dict:
+    """One machine's forecast: per series its model, grid and validation, the
+    validation's summary over every row, and the verdict (which predictor did best)."""
+    from dpscale.analysis.forecast import check, misfit, predict
+    built = machine_series(m)
+    mid = identity([s for *_, s in built])
+    pool_rows = committed(cfg)
+    validation = [{"machine": m.name, **r} for r in validation_of(built, mid, cfg)]
+    check.calibrate(validation, mid, pool_rows, cfg)
+    rows, how = misfit.pool(None, None, None, mid, [check.residual(r, mid) for r in validation], pool_rows)
+    tau, nu = misfit.estimate(rows)
+    series = []
+    for family, variant, s in built:
+        g = predict.grid(s, given, cfg, lambda _sc: (tau, nu, how))
+        series.append({"series": s.name, "family": family, "variant": variant, "rows": g["rows"],
+                       "tiers": g["tiers"], "per_node": g["per_node"], "layout_how": g["layout_how"],
                        "per_rank_batch": s.per_rank_batch, "global_batch": s.global_batch,
                        "buckets_how": s.buckets_how, "knee_threshold": cfg["knee_efficiency"],
-                       **{f"{sc}_knee_k": predict.knee(grid, f"{sc}_efficiency", cfg["knee_efficiency"])
+                       "misfit": tau, "misfit_rows": nu, "misfit_from": how,
+                       **{f"{sc}_knee_k": predict.knee(g["rows"], f"{sc}_efficiency", cfg["knee_efficiency"])
                           for sc in predict.SCALINGS}})
-        validation += [{"machine": m.name, **r} for r in check.validation(s, given, cfg)]
     return {"machine": m.name, "label": m.label if m.kind != "book" else "book", "kind": m.kind, "config": cfg,
-            "fabric_from": d.name if d else None, "fabric_files": given.source, "series": series,
+            "fabric_files": given.source, "fabric_explicit": given.explicit, "series": series,
             "validation": validation, "summary": check.summary(validation)}
 
 
@@ -218,8 +287,8 @@ def compute(data: ReportData) -> list[dict]:
     """Every machine's forecast, once per ReportData."""
     if getattr(data, "_forecast", None) is None:
         cfg = settings(data.build.get("resolved"))
-        given = given_fabric(cfg.get("fabric_files"))
-        data._forecast = [of_machine(m, data.machines, cfg, given) for m in data.machines]
+        given = default_fabric(cfg)
+        data._forecast = [of_machine(m, cfg, given) for m in data.machines]
     return data._forecast
 
 
@@ -234,39 +303,57 @@ def grid_rows(forecasts: list[dict], primary_only: bool = False) -> list[dict]:
     for f in forecasts:
         chosen = [s for s in (primary(f, fam) for fam in registry.FAMILIES) if s] if primary_only else f["series"]
         for s in chosen:
-            out += [{"machine": f["machine"], "series": s["series"], "fabric_from": f["fabric_from"] or "",
+            tiers = "; ".join(f"{t}: {v}" for t, v in s.get("tiers", {}).items())
+            out += [{"machine": f["machine"], "series": s["series"], "tiers": tiers,
                      **{k: v for k, v in r.items() if k != "inputs"}, "inputs": "; ".join(r.get("inputs", []))}
                     for r in s["rows"]]
     return out
 
 
 def validation_rows(forecasts: list[dict]) -> list[dict]:
-    """Every validation row of every machine, flat: lists joined, the inputs' objects dropped."""
-    return [{k: ("; ".join(v) if isinstance(v, list) else v) for k, v in r.items() if k != "used"}
-            for f in forecasts for r in f["validation"]]
+    """Every validation row of every machine, flat: lists joined, the reads' objects and draws dropped."""
+    return [{k: ("; ".join(map(str, v)) if isinstance(v, list) else v) for k, v in r.items()
+             if k not in ("used", "_log_draws")} for f in forecasts for r in f["validation"]]
 
 
 def summary_rows(forecasts: list[dict]) -> list[dict]:
-    """Per machine: the validation's rows, mean and max |error| of the model and of the
-    naive predictors, and the band's coverage."""
+    """Per machine: the verdict (the predictor that did best out of sample), the
+    validation's rows, mean and max |error| of the model and of the naive predictors, and
+    the band's coverage."""
     out = []
     for f in forecasts:
         s = f["summary"]
         if not s["model"]["n"]:
             continue
-        out.append({"machine": f["machine"], "rows": s["model"]["n"], "mean_abs_error_points": s["model"]["mean_abs"],
-                    "max_abs_error_points": s["model"]["max_abs"], "coverage": s["coverage"], "banded": s["banded"],
-                    "naive_constant_mean_abs": s["naive_constant"]["mean_abs"],
-                    "naive_ring_mean_abs": s["naive_ring"]["mean_abs"],
+        v = s["verdict"]
+        out.append({"machine": f["machine"], "best_out_of_sample": v["winner_name"], "rows": s["model"]["n"],
+                    "mean_abs_error_points": s["model"]["mean_abs"], "max_abs_error_points": s["model"]["max_abs"],
+                    "inside": s["inside"], "banded": s["banded"], "coverage": s["coverage"],
+                    **{f"{key}_mean_abs": s[key]["mean_abs"] for key in NAIVE_KEYS},
+                    **{f"{key}_rows": v[key]["n"] if key in v else 0 for key in NAIVE_KEYS},
+                    **{f"model_mean_abs_on_{key}_rows": v[key]["model_mean_abs"] if key in v else None
+                       for key in NAIVE_KEYS},
                     "measured_halfwidth_max_points": s.get("measured_halfwidth_max_points"),
                     "predicted_in_measured": s.get("predicted_in_measured"),
                     "with_measured_interval": s.get("with_measured_interval")})
     return out
 
 
+NAIVE_KEYS = ("naive_constant", "naive_ring", "naive_bare")
+
+
+def pooled_coverage(forecasts: list[dict]) -> dict:
+    """The band's coverage over every machine's rows: {inside, banded, coverage}."""
+    inside = sum(f["summary"]["inside"] for f in forecasts)
+    banded = sum(f["summary"]["banded"] for f in forecasts)
+    return {"inside": inside, "banded": banded, "coverage": inside / banded if banded else None}
+
+
 def record(forecasts: list[dict]) -> dict:
-    """The forecast JSON: settings, every machine's series (grid, band, knee), validation and summary."""
+    """The forecast JSON: settings, every machine's series (grid, band, knee, tiers),
+    validation, summary and verdict, and the coverage pooled over machines."""
     return {"written_utc": utc_now(), "settings": forecasts[0]["config"] if forecasts else None,
+            "pooled_coverage": pooled_coverage(forecasts),
             "machines": [{**{k: v for k, v in f.items() if k not in ("validation", "config")},
                           "validation": validation_rows([f])} for f in forecasts]}
 
@@ -292,19 +379,60 @@ def _ms(x) -> str:
 
 def knee_text(s: dict, scaling: str) -> str:
     """'k=4', 'past k=128' (never below the threshold), '– (no k=1 point)' where the
-    series has no throughput at k=1 to predict from (e.g. strong scaling at ks=[1])."""
+    series has no throughput at k=1 to predict from (e.g. strong scaling at ks=[1]), or
+    '– (why)' where no k > 1 could be predicted."""
     if not any(r.get(f"{scaling}_efficiency") is not None and r["k"] > 1 for r in s["rows"]):
-        return "– (no k=1 point)"
+        why = next((r["why_none"] for r in s["rows"] if r.get("why_none")), None)
+        has_k1 = any(r["k"] == 1 and r.get(f"{scaling}_efficiency") is not None for r in s["rows"])
+        return f"– ({why})" if why and has_k1 else "– (no k=1 point)"
     return f"k={s[f'{scaling}_knee_k']}" if s[f"{scaling}_knee_k"] else f"past k={s['rows'][-1]['k']}"
 
 
-def series_text(s: dict) -> list[str]:
+def verdict_text(f: dict) -> str:
+    """The first line about a machine's forecast: which predictor did best out of sample
+    here; where a naive one did, it leads."""
+    s = f["summary"]
+    v = s["verdict"]
+    if not s["model"]["n"]:
+        return "  out of sample: nothing measured here at k >= 2 to check a prediction against"
+    if v["winner"] != "model":
+        w = v[v["winner"]]
+        return (f"  best out of sample here: {w['name']} (naive), mean |error| {w['mean_abs']:.2f} points on its "
+                f"{w['n']} rows against the model's {w['model_mean_abs']:.2f} on the same rows; read its column "
+                f"('{SHORT[v['winner']]}') before the model's")
+    parts = [f"{x['name']} {x['mean_abs']:.2f} (model {x['model_mean_abs']:.2f}, {x['n']} rows)"
+             for key, x in v.items() if key in NAIVE_KEYS]
+    return f"  best out of sample here: the model, mean |error| {s['model']['mean_abs']:.2f} points; naive: " + \
+        "; ".join(parts)
+
+
+SHORT = {"naive_constant": "constant", "naive_ring": "ring-scaled", "naive_bare": "bare all-reduce"}
+
+
+def naive_lead(f: dict | None) -> str:
+    """'' where the model did best out of sample on this machine (or nothing was checked),
+    else the naive predictor that did, to lead a line about the machine's forecast."""
+    v = ((f or {}).get("summary") or {}).get("verdict") or {}
+    if v.get("winner", "model") == "model":
+        return ""
+    w = v[v["winner"]]
+    return (f"out of sample {w['name']} did better here ({w['mean_abs']:.2f} against the model's "
+            f"{w['model_mean_abs']:.2f} points mean |error| on its {w['n']} rows); ")
+
+
+def series_text(s: dict, winner: str = "model") -> list[str]:
+    tiers = "; ".join(f"{t}: {v}" for t, v in s.get("tiers", {}).items())
+    lead = winner if winner != "model" else None
     out = [f"  {s['series']}: knee (< {100 * s['knee_threshold']:.0f}%) weak {knee_text(s, 'weak')}, "
            f"strong {knee_text(s, 'strong')}; payloads: {s['buckets_how']}",
-           f"    {'k':>4} {'nodes':>5} {'point':<9} {'weak efficiency [band]':<24} {'measured':>8} {'ms/step':>7}  "
+           f"    fabric: {tiers or 'none'}; nodes of {s.get('per_node')} ({s.get('layout_how')}); band's misfit "
+           f"{100 * (s.get('misfit') or 0):.1f}% from {s.get('misfit_from')}",
+           f"    {'k':>4} {'nodes':>5} {'point':<9} " + (f"{'weak ' + SHORT[lead]:<18} " if lead else "") +
+           f"{'weak efficiency [band]':<24} {'measured':>8} {'ms/step':>7}  "
            f"{'strong efficiency [band]':<24} {'measured':>8} {'ms/step':>7}"]
     for r in s["rows"]:
-        out.append(f"    {r['k']:>4} {r['nodes']:>5} {r['point']:<9} {_band(r, 'weak_efficiency'):<24} "
+        first = f"{_pc(r.get(f'weak_{lead}')):>17}% " if lead else ""
+        out.append(f"    {r['k']:>4} {r['nodes']:>5} {r['point']:<9} {first}{_band(r, 'weak_efficiency'):<24} "
                    f"{_pc(r.get('weak_measured')):>7}% {_ms(r.get('weak_step_ms'))}  "
                    f"{_band(r, 'strong_efficiency'):<24} {_pc(r.get('strong_measured')):>7}% "
                    f"{_ms(r.get('strong_step_ms'))}" + (f"  ({r['why_none']})" if r.get("why_none") else ""))
@@ -315,21 +443,35 @@ def validation_text(f: dict) -> list[str]:
     if not f["validation"]:
         return ["  validation: no measured k >= 2 with a fabric to predict it from"]
     s = f["summary"]
-    cov = f"{100 * s['coverage']:.0f}% of {s['banded']}" if s["coverage"] is not None else "no band"
+    cov = f"{s['inside']} of {s['banded']}" if s["banded"] else "no band"
     reach = (f"; the measurement's own {100 * f['config']['band_level']:.0f}% interval: at most "
              f"+-{s['measured_halfwidth_max_points']:.1f} points, {s['predicted_in_measured']} of "
              f"{s['with_measured_interval']} predictions inside it" if s.get("with_measured_interval") else "")
     out = [f"  validation, every row: mean |error| {s['model']['mean_abs']:.1f} points, max {s['model']['max_abs']:.1f}; "
            f"band coverage {cov}; naive: constant {_pts(s['naive_constant']['mean_abs'])}, "
-           f"ring-scaled overhead {_pts(s['naive_ring']['mean_abs'])}{reach}"]
+           f"ring-scaled overhead {_pts(s['naive_ring']['mean_abs'])}, "
+           f"fully exposed all-reduce {_pts(s['naive_bare']['mean_abs'])}{reach}"]
+    out += chosen_text(s)
     for r in f["validation"]:
         band = f" [{_pc(r['predicted_lo'])}, {_pc(r['predicted_hi'])}]" if r["predicted_lo"] is not None else ""
         mband = f" [{_pc(r['measured_lo'])}, {_pc(r['measured_hi'])}]" if r.get("measured_lo") is not None else ""
         out.append(f"    {r['series']} {r['scaling']:<6} k={r['k']:<3} {r['method']:<44} predicted "
                    f"{_pc(r['predicted'])}%{band}, measured {_pc(r['measured'])}%{mband}, error {r['error_points']:+.1f}; "
                    f"overhead {r['predicted_overhead_ms']:.2f} vs {r['measured_overhead_ms']:.2f} ms; naive "
-                   f"{_pc(r['naive_constant'])}% / {_pc(r['naive_ring'])}%")
-        out.append(f"      from: {', '.join(r['inputs'])}")
+                   f"{_pc(r['naive_constant'])}% / {_pc(r['naive_ring'])}% / {_pc(r['naive_bare'])}%")
+        out.append(f"      from: {', '.join(r['inputs'])}; misfit {100 * r['misfit']:.1f}% ({r['misfit_from']})")
+    return out
+
+
+def chosen_text(s: dict) -> list[str]:
+    """Per rule chosen after seeing rows: which rows may score it."""
+    out = []
+    for name, c in s.get("chosen_rules", {}).items():
+        if c["rows"]:
+            st = c["eligible_stats"]
+            score = f": mean |error| {st['mean_abs']:.1f} points over them" if st["n"] else ""
+            out.append(f"  rule chosen after seeing rows ({name}): {c['rows']} row(s) use it, "
+                       f"{len(c['eligible'])} measured after it was chosen may score it{score}")
     return out
 
 
@@ -340,14 +482,60 @@ def _pts(x) -> str:
 def text(forecasts: list[dict]) -> str:
     """The forecast and its validation, as `dpscale forecast` prints them."""
     cfg = forecasts[0]["config"] if forecasts else {}
+    pooled = pooled_coverage(forecasts)
     lines = [f"Forecast (band: where a measurement should fall, {100 * cfg.get('band_level', 0):.0f}%, "
-             f"{cfg.get('bootstrap_draws')} bootstrap draws; nodes of {cfg.get('gpus_per_node')})"]
+             f"{cfg.get('bootstrap_draws')} bootstrap draws, the model's misfit out of sample included)"]
     for f in forecasts:
-        head = f"\n== {f['machine']}" + (f"  (fabric borrowed from {f['fabric_from']})" if f["fabric_from"] else "")
-        lines.append(head + (f"\n  fabric files: {f['fabric_files']}" if f["fabric_files"] else ""))
+        lines.append(f"\n== {f['machine']}" + (f"\n  fabric files ({'given' if f['fabric_explicit'] else 'default'}): "
+                                               f"{f['fabric_files']}" if f["fabric_files"] else ""))
+        lines.append(verdict_text(f))
         for s in f["series"]:
-            lines += series_text(s)
+            lines += series_text(s, f["summary"]["verdict"]["winner"])
         lines += validation_text(f)
+    if pooled["banded"]:
+        lines.append(f"\nBand coverage over every machine above: {pooled['inside']} of {pooled['banded']} "
+                     f"({100 * pooled['coverage']:.0f}%) at {100 * cfg.get('band_level', 0):.0f}%")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- `dpscale forecast --fabric-check`
+
+def fabric_check(folder, cfg: dict | None = None) -> dict:
+    """The fabric model checked on the public outputs of folder/scales.yaml (a folder or the manifest)."""
+    from dpscale.analysis.forecast import fabric_check as fk
+    p = Path(folder)
+    cfg = cfg or settings(None)
+    return fk.run(p if p.suffix in (".yaml", ".yml") else p / "scales.yaml", level=cfg["band_level"])
+
+
+def fabric_check_rows(res: dict) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in ("_draws", "rows")} for r in res["cases"]]
+
+
+def fabric_check_text(folder, json_path=None) -> str:
+    """`dpscale forecast --fabric-check DIR`: per case, the larger scale's large-message
+    busbw predicted from the smaller one, with its band, beside the naive constant busbw."""
+    res = fabric_check(folder)
+    lv = f"{100 * res['level']:.0f}%"
+    lines = [f"Fabric check ({res['manifest']}): the larger scale's busbw at the largest payload both outputs "
+             f"measured, predicted from the smaller scale [{lv} band: bootstrap over its rows, the misfit of the other "
+             "clusters' cases]; naive: the smaller scale's busbw at that payload"]
+    for r in res["cases"]:
+        band = f"[{r['band_lo']:.1f}, {r['band_hi']:.1f}]" if r["band_lo"] is not None else "[no band]"
+        lines.append(f"  {'held out ' if r['held_out'] else ''}{r['cluster']}: {r['small_layout']} -> "
+                     f"{r['large_layout']} at {r['bytes'] / 2**20:.0f} MiB: measured {r['measured_busbw_GBps']:.1f} "
+                     f"GB/s, predicted {r['predicted_busbw_GBps']:.1f} {band}, error {r['error_pct']:+.1f}%"
+                     f"{'' if r['inside'] else ' (outside the band)'}; naive {r['naive_busbw_GBps']:.1f} "
+                     f"({r['naive_error_pct']:+.1f}%)")
+    for key, what in (("checked", "cases"), ("held_out", "held-out cases")):
+        s = res["summary"][key]
+        if s["cases"]:
+            lines.append(f"  {what}: {s['cases']} over {s['clusters']} cluster(s), mean |error| model "
+                         f"{s['model_mean_abs_pct']:.1f}%, naive {s['naive_mean_abs_pct']:.1f}%; {s['inside']} of "
+                         f"{s['banded']} inside the band")
+    if json_path:
+        write_json_atomic(json_path, {"written_utc": utc_now(), **{k: v for k, v in res.items() if k != "cases"},
+                                      "cases": fabric_check_rows(res)})
     return "\n".join(lines)
 
 

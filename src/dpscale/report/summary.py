@@ -102,8 +102,8 @@ def machine_lines(data, m) -> list[str]:
     out = [f"{'the book' if m.kind == 'book' else m.label}: {m.hardware}, {m.scale} scale, data {sources}"]
     out += [COLUMNS] + [k_line(r) for r in rows] if rows else []
     if s:
-        out.append(f"  forecast knee (efficiency < {100 * s['knee_threshold']:.0f}%, {s['series']}): weak "
-                   f"{fcr.knee_text(s, 'weak')}, strong {fcr.knee_text(s, 'strong')}")
+        out.append(f"  {fcr.naive_lead(f)}forecast knee (efficiency < {100 * s['knee_threshold']:.0f}%, {s['series']}): "
+                   f"weak {fcr.knee_text(s, 'weak')}, strong {fcr.knee_text(s, 'strong')}")
     return out + pred
 
 

@@ -545,6 +545,14 @@ def _read_dpscale(p: Path, doc: dict, ranks, hosts, placement) -> Sweep:
 
 # ---------------------------------------------------------------- the fabric
 
+def fitted_rows(sweep: Sweep) -> tuple[list, list]:
+    """(rows a fit may use, rows left out): a row whose #wrong counts wrong elements (an
+    integer >= 1; older releases' `error` column is a maximum error, far below 1) timed
+    a corrupted transfer, and a zero time is no measurement."""
+    wrong = [r for r in sweep.rows if r.wrong is not None and r.wrong >= 1]
+    return [r for r in sweep.rows if r.time_s > 0 and r not in wrong], wrong
+
+
 def fabric_tiers(sweep: Sweep, intra: fc.Fabric | None = None, *,
                  min_bytes: float = fc.DDP_FIRST_BUCKET_BYTES) -> Tiers:
     """The forecast's fabric from a sweep's rows of min_bytes and up (all rows where fewer
@@ -559,9 +567,10 @@ def fabric_tiers(sweep: Sweep, intra: fc.Fabric | None = None, *,
     part is neglected (the returned intra is free: alpha 0, beta infinite) and the
     across-node tier carries the whole time. Raises ValueError where the sweep cannot
     give a tier (one rank, uneven hosts, the in-node ring alone slower than the file)."""
-    rows = [r for r in sweep.rows if r.time_s > 0]
+    rows, wrong = fitted_rows(sweep)
     window = [r for r in rows if r.bytes >= min_bytes]
     span = f"{min_bytes / 2**20:g} MiB and up" if min_bytes and len(window) >= 2 else "every payload"
+    span += f"; {len(wrong)} row(s) with #wrong > 0 left out" if wrong else ""
     rows = window if len(window) >= 2 else rows
     if not rows:
         raise ValueError(f"{sweep.source}: no rows with a positive time to fit")

@@ -3,6 +3,14 @@ throughput at each k, the all-reduce sweeps, the no_sync() probe, DDP's buckets)
 each measurement with the replicates it was measured in. The report turns a machine's
 results into these (dpscale.report.forecast); nothing here names an experiment.
 
+A model never reads a Series directly: it reads `Series.reading(log)`, a view whose every
+measured value (a throughput point, a sweep, a probe's pairs or its ranks' spread, DDP's
+buckets, k=1's step spread, the reason nothing hides) is appended to `log` as a `Used`
+(what, at which k) at the moment it is handed out. Which k's exist (a mapping's keys) and
+the protocol (batches, layout) are not logged: they are not measurements. The leak check
+(check.leaks) and the nested leave-out of the band's misfit (misfit.py) read that log,
+never a label a caller attached.
+
 A throughput point's replicates are launches (independent processes) where it had
 several, else the timed epochs of its one launch: never pooled as if alike. Its rate is
 total samples over total time (each epoch the same samples: the harmonic mean of the
@@ -10,7 +18,8 @@ epochs' samples/s), per launch and over launches alike.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -29,6 +38,7 @@ class Rate:
     value: float                                   # as the result states it (the book's figure)
     launches: tuple[tuple[float, ...], ...] = ()   # per launch, its timed epochs' samples/s
     repeats: tuple[float, ...] = ()                # the one launch's timed epochs
+    started_utc: str = ""                          # when it was measured (ISO 8601), "" where unknown
 
     def units(self) -> tuple[str, list[float]]:
         """(what a replicate is, each replicate's samples/s)."""
@@ -50,6 +60,25 @@ class Rate:
         """Spread of one replicate (sd / mean), None when measured once."""
         _, xs = self.units()
         return float(np.std(xs, ddof=1) / np.mean(xs)) if len(xs) > 1 else None
+
+    def mean_cv(self) -> float | None:
+        """Spread of the point's estimate, a mean over its n replicates: cv / sqrt(n)
+        (a point of 5 launches is not as noisy as one launch). Timed epochs within one
+        launch understate what a new launch would scatter by; the band's misfit term,
+        estimated out of sample, carries what they miss."""
+        cv = self.cv()
+        return cv / float(np.sqrt(len(self.units()[1]))) if cv is not None else None
+
+
+@dataclass(frozen=True)
+class Used:
+    """One input of a model: what kind of measurement, at which k (None: not tied to a k)."""
+    kind: str                   # throughput | sweep | internode sweep | probe | buckets | step spread | ...
+    k: int | None
+    what: str = ""
+
+    def text(self) -> str:
+        return f"{self.kind}{f' k={self.k}' if self.k is not None else ''}{f' ({self.what})' if self.what else ''}"
 
 
 @dataclass(frozen=True)
@@ -101,9 +130,6 @@ class Series:
     buckets_how: str = ""
     sweeps: dict = field(default_factory=dict)     # {k: Sweep} within one node
     internode: Sweep | None = None                 # measured across nodes
-    fabric_from: str = ""                          # where a borrowed fabric came from
-    noise_cv: float | None = None                  # one measurement's spread, where k=1's own says nothing
-    noise_how: str = ""                            # where that spread came from
     no_overlap: str = ""                           # why nothing can hide the all-reduce ("": something can)
     stragglers: dict = field(default_factory=dict) # {k: the probe's no_sync trials' (slowest - mean) / mean}
 
@@ -118,3 +144,90 @@ class Series:
         if scaling == "weak":
             return self.per_rank_batch
         return self.global_batch / k if self.global_batch else None
+
+    def reading(self, log: list | None = None) -> "Reading":
+        """This series as a model reads it: every measured value it hands out logged."""
+        return Reading(self, [] if log is None else log)
+
+
+# How each measured field is logged when read: (kind, what). A mapping field logs the
+# key it was read at as the k; a scalar field logs READ_AT_K's k (None: not tied to one).
+LOGGED = {"weak": ("throughput", "weak"), "strong": ("throughput", "strong"),
+          "probes": ("probe", ""), "stragglers": ("probe", "its ranks' no_sync() spread"),
+          "sweeps": ("sweep", ""), "internode": ("internode sweep", ""), "buckets": ("buckets", ""),
+          "sigma_s": ("step spread", "k=1's per-rank p10/p90"), "no_overlap": ("no overlap", "")}
+READ_AT_K = {"sigma_s": 1}
+PROTOCOL = {"name", "per_rank_batch", "global_batch", "layout", "sigma_how", "buckets_how"}
+
+
+class LoggedMap(Mapping):
+    """{k: measurement} whose item reads are logged; keys, `in` and len are not (which k's
+    were measured is the protocol, not a measurement)."""
+
+    def __init__(self, field_name: str, data: dict, log: list):
+        self._field, self._data, self._log = field_name, data, log
+        self._kind, self._what = LOGGED[field_name]
+
+    def __getitem__(self, k):
+        value = self._data[k]
+        self._log.append(Used(self._kind, k, self._what))
+        return value
+
+    def __contains__(self, k) -> bool:   # Mapping's own would read the item
+        return k in self._data
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+
+class Reading:
+    """A Series as a model reads it (Series.reading): the same attributes, each measured
+    value logged where it is handed out. A field the tables above do not name is refused,
+    so a new measurement cannot be read undeclared."""
+
+    def __init__(self, s: Series, log: list):
+        self._s, self.log = s, log
+
+    def __getattr__(self, name):
+        s = object.__getattribute__(self, "_s")
+        if name in PROTOCOL:
+            return getattr(s, name)
+        if name not in LOGGED:
+            raise AttributeError(f"Series.{name} is not a declared input (inputs.LOGGED, inputs.PROTOCOL)")
+        value = getattr(s, name)
+        if isinstance(value, dict):
+            return LoggedMap(name, value, self.log)
+        if name == "internode":
+            if value is not None:
+                self.log.append(Used("internode sweep", value.k, f"{value.nodes} nodes"))
+        elif name == "no_overlap":
+            if value:
+                self.log.append(Used("no overlap", None, value))
+        else:
+            kind, what = LOGGED[name]
+            self.log.append(Used(kind, READ_AT_K.get(name), s.buckets_how if name == "buckets" else what))
+        return value
+
+    def nodes_at(self, k: int) -> int:
+        return self._s.nodes_at(k)
+
+    def internode_at(self) -> int | None:
+        """k of the across-node sweep, None without one (the protocol: not logged)."""
+        return self._s.internode.k if self._s.internode is not None else None
+
+    def internode_layout(self) -> int | None:
+        """Devices per node of the across-node sweep (not logged)."""
+        sw = self._s.internode
+        return max(1, sw.k // sw.nodes) if sw is not None else None
+
+    def rates(self, scaling: str) -> LoggedMap:
+        return getattr(self, scaling)
+
+    def batch(self, scaling: str, k: int) -> float | None:
+        return self._s.batch(scaling, k)
+
+
+assert {f.name for f in fields(Series)} == set(LOGGED) | PROTOCOL, "every Series field is logged or protocol"

@@ -1,7 +1,8 @@
 """The forecast, past the machine (the book's exercise 6 and beyond): weak and strong
 efficiency and time per step for k = 1..8 in a node and 2..16 nodes, with a band and a
 knee, each point measured or predicted; and the model checked against every measured k
-it did not use, beside two naive predictors, with the band's coverage."""
+it did not use, beside three naive predictors, with the band's coverage; where a naive
+predictor did better out of sample on a machine, that machine's lines lead with it."""
 from __future__ import annotations
 
 from dpscale.report import forecast as fcr
@@ -18,19 +19,23 @@ TABLES = ("forecast", "forecast_validation", "forecast_summary")
 GRID = ["machine", "series", "k", "nodes", "point", "weak_efficiency", "weak_efficiency_lo", "weak_efficiency_hi",
         "weak_measured", "weak_step_ms", "strong_efficiency", "strong_efficiency_lo", "strong_efficiency_hi",
         "strong_measured", "strong_step_ms", "compute_ms", "exposed_comm_ms", "allreduce_ring_ms",
-        "allreduce_tree_ms", "straggler_ms", "fabric_from", "inputs"]
+        "allreduce_tree_ms", "straggler_ms", "weak_naive_bare", "weak_naive_ring", "weak_naive_constant",
+        "weak_misfit", "tiers", "inputs"]
 VALIDATION = ["machine", "series", "scaling", "k", "nodes", "method", "predicted", "predicted_lo", "predicted_hi",
               "measured", "measured_lo", "measured_hi", "error_points", "inside", "predicted_in_measured",
-              "predicted_overhead_ms", "measured_overhead_ms", "naive_constant",
-              "naive_constant_error_points", "naive_ring", "naive_ring_error_points", "compute_ms", "exposed_comm_ms",
-              "straggler_ms", "overlap", "exposed_fraction", "beta_busbw_GBps", "inputs", "band_none", "how"]
-SUMMARY = ["machine", "rows", "mean_abs_error_points", "max_abs_error_points", "coverage", "banded",
-           "naive_constant_mean_abs", "naive_ring_mean_abs", "measured_halfwidth_max_points",
+              "misfit", "misfit_from", "noise", "predicted_overhead_ms", "measured_overhead_ms", "naive_constant",
+              "naive_constant_error_points", "naive_ring", "naive_ring_error_points", "naive_bare",
+              "naive_bare_error_points", "compute_ms", "exposed_comm_ms", "straggler_ms", "overlap", "exposed_fraction",
+              "beta_busbw_GBps", "chosen_rules", "scores_chosen_rules", "measured_utc", "inputs", "how"]
+SUMMARY = ["machine", "best_out_of_sample", "rows", "mean_abs_error_points", "max_abs_error_points", "inside", "banded",
+           "coverage", "naive_constant_mean_abs", "naive_ring_mean_abs", "naive_ring_rows",
+           "model_mean_abs_on_naive_ring_rows", "naive_bare_mean_abs", "measured_halfwidth_max_points",
            "predicted_in_measured", "with_measured_interval"]
 PERCENT = {"weak_efficiency", "weak_efficiency_lo", "weak_efficiency_hi", "weak_measured", "strong_efficiency",
            "strong_efficiency_lo", "strong_efficiency_hi", "strong_measured", "predicted", "predicted_lo",
-           "predicted_hi", "measured", "measured_lo", "measured_hi", "naive_constant", "naive_ring", "exposed_fraction",
-           "coverage"}
+           "predicted_hi", "measured", "measured_lo", "measured_hi", "naive_constant", "naive_ring", "naive_bare",
+           "weak_naive_bare", "weak_naive_ring", "weak_naive_constant", "exposed_fraction", "coverage", "misfit",
+           "weak_misfit"}
 
 
 def percent(rows: list[dict]) -> list[dict]:
@@ -39,16 +44,26 @@ def percent(rows: list[dict]) -> list[dict]:
              for k, v in r.items()} for r in rows]
 
 
+def lead_text(f: dict) -> str:
+    """Which predictor did best out of sample on this machine, first where a naive one did."""
+    v = f["summary"]["verdict"]
+    if v["winner"] == "model":
+        return ""
+    w = v[v["winner"]]
+    return (f"out of sample {w['name']} did best here (mean |error| {w['mean_abs']:.2f} points on its {w['n']} rows, "
+            f"the model {w['model_mean_abs']:.2f} on them): read it first; ")
+
+
 def summary_text(f: dict) -> str:
     s = f["summary"]
-    cov = f", {pct(s['coverage'])} inside the band" if s["coverage"] is not None else ""
+    cov = f", {s['inside']} of {s['banded']} inside the band" if s["banded"] else ""
     if s.get("with_measured_interval"):
         cov += (f", {s['predicted_in_measured']} of {s['with_measured_interval']} predictions inside the measured "
                 f"interval (widest +-{s['measured_halfwidth_max_points']:.1f} points)")
-    return (f"{f['label']}: {s['model']['n']} rows predicted out of sample, mean |error| "
-            f"{s['model']['mean_abs']:.1f} points, max {s['model']['max_abs']:.1f}{cov} (naive: constant "
-            f"{s['naive_constant']['mean_abs']:.1f}" + (f", ring-scaled {s['naive_ring']['mean_abs']:.1f}"
-                                                        if s["naive_ring"]["mean_abs"] is not None else "") + ")")
+    naive = "; ".join(f"{x['name']} {x['mean_abs']:.2f} (model {x['model_mean_abs']:.2f} on its {x['n']} rows)"
+                      for key, x in s["verdict"].items() if key.startswith("naive_"))
+    return (f"{f['label']}: {lead_text(f)}{s['model']['n']} rows predicted out of sample, mean |error| "
+            f"{s['model']['mean_abs']:.1f} points, max {s['model']['max_abs']:.1f}{cov} (naive: {naive})")
 
 
 def headline(data: ReportData) -> str:
@@ -59,7 +74,8 @@ def headline(data: ReportData) -> str:
             continue
         at = {r["k"]: r for r in s["rows"]}
         k8, n4 = at.get(8, {}), at.get(32, {})
-        parts.append(f"{f['label']} {s['series']} weak k=8 {pct(k8.get('weak_efficiency'))}, 4 nodes of 8 "
+        lead = lead_text(f) if f["validation"] else ""
+        parts.append(f"{f['label']} {lead}{s['series']} weak k=8 {pct(k8.get('weak_efficiency'))}, 4 nodes of 8 "
                      f"{pct(n4.get('weak_efficiency'))}; knee (weak/strong, < {pct(s['knee_threshold'])}) "
                      f"{fcr.knee_text(s, 'weak')}/{fcr.knee_text(s, 'strong')}")
     return "Forecast: " + ("; ".join(parts) or "no machine has k=1 throughput")
@@ -80,15 +96,18 @@ def step_headline(data: ReportData) -> str:
 
 def notes(data: ReportData) -> list[str]:
     out = []
-    for f in fcr.compute(data):
-        if f["fabric_from"]:
-            out.append(f"{f['label']}: no all-reduce measured here; fabric, probe and census borrowed from "
-                       f"{f['fabric_from']} (same GPU model)")
+    fs = fcr.compute(data)
+    for f in fs:
+        s = fcr.primary(f)
+        if s and s.get("tiers"):
+            out.append(f"{f['label']}, {s['series']}: fabric " + "; ".join(f"{t}: {v}" for t, v in s["tiers"].items())
+                       + f"; nodes of {s['per_node']} ({s['layout_how']})")
         if f["validation"]:
             out.append(summary_text(f))
-    files = next((f["fabric_files"] for f in fcr.compute(data) if f["fabric_files"]), None)
-    if files:
-        out.append(f"Tiers a machine did not measure come from fabric files measured elsewhere: {files}")
+    pooled = fcr.pooled_coverage(fs)
+    if pooled["banded"]:
+        out.append(f"Band coverage over every machine's rows: {pooled['inside']} of {pooled['banded']} "
+                   f"({pct(pooled['coverage'])}) at the band's {pct(fs[0]['config']['band_level'])}")
     return out
 
 
@@ -112,14 +131,14 @@ def book_rows(data: ReportData) -> list:
 
 def page(data: ReportData) -> Page:
     fs = fcr.compute(data)
-    per_node = fs[0]["config"]["gpus_per_node"] if fs else 8
     return Page("forecast", CHAPTER.title, prose("forecast"),
                 figures=[figure(FIGURES[0], headline(data), notes(data)), figure(FIGURES[1], step_headline(data))],
                 tables=[records_table("forecast_summary", "The validation, per machine: every row below, summed up",
                                       percent(fcr.summary_rows(fs)), SUMMARY),
                         records_table("forecast_validation", "Every measured k >= 2 predicted from what it did not "
                                       "use, with the inputs of each row", percent(fcr.validation_rows(fs)), VALIDATION),
-                        records_table("forecast", f"Forecast per k: in one node, then nodes of {per_node}",
+                        records_table("forecast", "Forecast per k: in one node, then nodes of as many devices as "
+                                      "the tier between nodes was measured with",
                                       percent(fcr.grid_rows(fs, primary_only=True)), GRID,
                                       note="Each machine's book-protocol series (seed or host, else the first "
                                            "measured); forecast.json and `dpscale forecast` hold every series.")])

@@ -65,14 +65,15 @@ def forecast_efficiency(data: ReportData):
         if drew:
             used.append(m)
     if not used:
-        kit.empty(axes[0, 0], "The forecast needs k=1 throughput and an all-reduce sweep at some k >= 2 "
-                              "(on this machine or one with its GPU).")
+        kit.empty(axes[0, 0], "The forecast needs k=1 throughput and an all-reduce at some k >= 2 "
+                              "(measured on this machine, or a fabric file).")
         axes[0, 1].set_axis_off()
         return fig
     cfg = fcr.compute(data)[0]["config"]
-    ks = [r["k"] for r in next(s for _m, _f, s in _series(data))["rows"]]
+    first = next(s for _m, _f, s in _series(data))
+    ks = [r["k"] for r in first["rows"]]
     for ax, (_s, title) in zip(axes[0], PANELS):
-        _frame(ax, ks, cfg["gpus_per_node"], title)
+        _frame(ax, ks, first.get("per_node") or cfg["gpus_per_node"], title)
         ax.axhline(100 * cfg["knee_efficiency"], color="#999", ls="--", lw=1)
         ax.set_ylim(0, 105)
     axes[0, 0].set_ylabel("efficiency, %")
@@ -83,7 +84,7 @@ def forecast_efficiency(data: ReportData):
 def _legend(cfg: dict, knee_at) -> list[tuple]:
     grey = "#555"
     out = [(Line2D([], [], color=grey, lw=6, alpha=0.25), f"band: where {100 * cfg['band_level']:.0f}% of measurements "
-                                                          "should fall"),
+                                                          "should fall, the model's own error included"),
            (Line2D([], [], color=grey, marker="o", ms=8, mec="black", ls="none"), "measured"),
            (Line2D([], [], color=grey, marker="o", mfc="white", ls="-"), "predicted")]
     if knee_at is not None:
@@ -100,13 +101,14 @@ def forecast_step_time(data: ReportData):
         if any([_draw(ax, s["rows"], f"{scaling}_step_ms", color) for ax, (scaling, _t) in zip(axes[0], PANELS)]):
             used.append(m)
     if not used:
-        kit.empty(axes[0, 0], "The forecast needs k=1 throughput and an all-reduce sweep at some k >= 2.")
+        kit.empty(axes[0, 0], "The forecast needs k=1 throughput and an all-reduce at some k >= 2 "
+                              "(measured on this machine, or a fabric file).")
         axes[0, 1].set_axis_off()
         return fig
     cfg = fcr.compute(data)[0]["config"]
-    ks = next(s for _m, _f, s in _series(data))["rows"]
+    first = next(s for _m, _f, s in _series(data))
     for ax, (_s, title) in zip(axes[0], PANELS):
-        _frame(ax, [r["k"] for r in ks], cfg["gpus_per_node"], title)
+        _frame(ax, [r["k"] for r in first["rows"]], first.get("per_node") or cfg["gpus_per_node"], title)
         kit.log_y(ax, "time per step, ms")
     kit.legend(fig, kit.machine_entries(data, used) + _legend(cfg, None)[::2])
     return fig
