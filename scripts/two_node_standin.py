@@ -3,9 +3,9 @@
 inter-node tier (and DDP scaling across it) where there is no second machine.
 
 Two network namespaces joined by a veth pair, each end shaped by tc's tbf to --rate
-(dpscale.run.netns); in them, torchrun agents with a c10d rendezvous across the link,
-as on a cluster (dpscale.run.twonode); the pipeline's own job specs and worker
-(dpscale.run.standin). It measures, at one rate:
+(dpscale.standin.netns); in them, torchrun agents with a c10d rendezvous across the link,
+as on a cluster (dpscale.standin.twonode); the pipeline's own job specs and worker
+(dpscale.standin.standin). It measures, at one rate:
 
   allreduce/default k=2        the all-reduce sweep, one rank per namespace: every byte
                                crosses the link (the forecast's inter-node tier)
@@ -32,7 +32,7 @@ import argparse
 import shlex
 import signal
 
-from dpscale.run import netns, standin
+from dpscale.standin import netns, standin
 
 REPO = Path(__file__).resolve().parents[1]
 

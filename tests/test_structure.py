@@ -1,7 +1,7 @@
 """The code's shape, checked: no import circles in the package, imports only down its
 floors (scripts/ and rules/ on top, lab/ reached by no pipeline code), no dynamic import
 but the registry's and the figure index's, every experiment's entry in measure/ and its
-digest free of plan/, run/ and lab/, short functions everywhere, markup only in
+digest free of plan/, run/, standin/ and lab/, short functions everywhere, markup only in
 templates, and light imports where the workflow is parsed. Each check is a function of a
 tree, and each is shown to catch the mutation it exists for."""
 from __future__ import annotations
@@ -34,7 +34,9 @@ def graph() -> dict[str, frozenset[str]]:
 # The package's floors, lowest first: a module imports only from its own floor or
 # those below. Root modules are the ground floor, but for the command line on top;
 # scripts/ and rules/ (with the Snakefile) stand above them all, and may not reach lab/.
-LAYERS = ("ground", "data", "model", "analysis", "plan", "measure", "run", "report", "lab", "cli")
+# The stand-in machines sit beside running one job, one floor up: they run jobs, and
+# nothing that runs a job or reports one reaches them.
+LAYERS = ("ground", "data", "model", "analysis", "plan", "measure", "run", "standin", "report", "lab", "cli")
 # Where a module may be imported by name at run time (importlib): the registry's entry
 # points and the figure index's per-chapter modules. Anywhere else it would hide an
 # import from the digest walk (dpscale.provenance reads import statements).
@@ -75,8 +77,9 @@ def upward(g: dict) -> list[str]:
 
 def test_imports_only_run_down_the_layers():
     """registry, results, provenance and data on the ground; then the models, the
-    analysis, planning, running a job, the measurements, the report, the lab (code no
-    pipeline variant runs) and the command line. Nothing imports from a floor above."""
+    analysis, planning, the measurements, running a job, the stand-in machines, the
+    report, the lab (code no pipeline variant runs) and the command line. Nothing
+    imports from a floor above."""
     up = upward(graph())
     assert not up, up
     assert {layer(m) for m in graph()} == set(LAYERS), "every floor is in use, and no module outside them"
@@ -93,6 +96,10 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     g = {m: provenance.imports_of(m, pkg) for m in provenance.package_modules(pkg)}
     assert g["dpscale.measure.job"] == {"dpscale.analysis.stats"}   # relative, at the top: down, fine
     assert upward(g) == ["dpscale.analysis.stats (analysis) imports dpscale.measure.job (measure)"]
+    # running one job never reaches the stand-in machines, which run jobs
+    assert upward({"dpscale.run.watchdog": {"dpscale.standin.netns"},
+                   "dpscale.standin.twonode": {"dpscale.run.watchdog"}}) == [
+        "dpscale.run.watchdog (run) imports dpscale.standin.netns (standin)"]
 
 
 def long_functions(folder: Path) -> list[str]:
@@ -158,9 +165,9 @@ def entries_outside_measure() -> list[str]:
 
 
 def digest_breaches(experiments=None) -> list[str]:
-    """Modules of plan/, run/ or lab/ in an experiment's digest (its worker imports them)."""
+    """Modules of plan/, run/, standin/ or lab/ in an experiment's digest (its worker imports them)."""
     return [f"{e.name}: {m}" for e in (experiments or registry.EXPERIMENTS.values()) for m in e.sources
-            if m.startswith(("dpscale.plan", "dpscale.run", "dpscale.lab"))]
+            if m.startswith(("dpscale.plan", "dpscale.run", "dpscale.standin", "dpscale.lab"))]
 
 
 def test_every_entry_is_a_measurement_and_no_digest_holds_the_planner_supervisor_or_lab():
@@ -244,7 +251,8 @@ def test_the_report_digest_covers_what_the_report_imports():
     reaches by its imports: the registry and the statistics, no measurement code."""
     outside = set(provenance.report_modules())
     assert {"dpscale.registry", "dpscale.analysis.stats", "dpscale.results"} <= outside, outside
-    assert not any(m.startswith(("dpscale.measure", "dpscale.lab", "dpscale.run")) for m in outside), outside
+    assert not any(m.startswith(("dpscale.measure", "dpscale.lab", "dpscale.run", "dpscale.standin"))
+                   for m in outside), outside
 
 
 def digests_changed_by(tmp_path: Path, rel: str) -> set[str]:
@@ -262,10 +270,12 @@ def digests_changed_by(tmp_path: Path, rel: str) -> set[str]:
 
 
 def test_an_edit_reruns_exactly_the_experiments_that_run_the_module(tmp_path):
-    """The planner, the supervisor, the data stage's download and the lab: no experiment.
+    """The planner, the supervisor, the stand-in machines, the data stage's download and
+    the lab: no experiment.
     The DDP measurements' module: every torch experiment that imports it, nothing else
     (tests/test_workflow.py shows a changed digest is a planned rerun)."""
-    for rel in ("plan/cluster.py", "run/command.py", "data/fetch.py", "data/resize.py", "lab/tuned_probe.py"):
+    for rel in ("plan/cluster.py", "run/command.py", "standin/twonode.py", "data/fetch.py", "data/resize.py",
+                "lab/tuned_probe.py"):
         assert digests_changed_by(tmp_path, rel) == set(), rel
     runs_ddp = {e.name for e in registry.EXPERIMENTS.values() if "dpscale.measure.torch_ddp" in e.sources}
     assert runs_ddp >= {"ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "fsdp"}

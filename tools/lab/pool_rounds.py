@@ -1,5 +1,5 @@
 """Pool rounds of one stand-in protocol into one results folder the forecast reads
-(dpscale.run.rounds says how and why):
+(dpscale.standin.rounds says how and why):
 
     python tools/lab/pool_rounds.py OUT ROUND1/results ROUND2/results ...
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from dpscale.results import write_json_atomic
-from dpscale.run import rounds as dsrounds
+from dpscale.standin import rounds as dsrounds
 
 
 def main(out: Path, rounds: list[Path]) -> None:

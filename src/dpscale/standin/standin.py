@@ -1,5 +1,5 @@
 """The two-node stand-in: the pipeline's measurements on two "nodes" of one machine
-(dpscale.run.netns: two network namespaces joined by a veth shaped to a rate), kept
+(dpscale.standin.netns: two network namespaces joined by a veth shaped to a rate), kept
 in the layout of a kept machine, so that the forecast's inter-node tier can be read
 from, and validated against, something measured.
 
@@ -30,7 +30,7 @@ Layout of <out> (a kept machine's, dpscale.report.machines.load_reference reads 
 
 Every result is the pipeline's own: specs from dpscale.plan.specs.job_spec (the
 config's resolution at the chosen scale, this machine's fingerprint, the resize cache
-the data stage builds), run by dpscale.run.twonode, written by rank 0 of
+the data stage builds), run by dpscale.standin.twonode, written by rank 0 of
 scripts/torch_worker.py.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ from dpscale import results
 from dpscale.data import fetch as dsfetch, load as dsload, resize as dsresize
 from dpscale.plan import config as dsconfig, fingerprint as fpmod, specs
 from dpscale.results import utc_now, write_json_atomic
-from dpscale.run import netns, twonode
+from dpscale.standin import netns, twonode
 
 ROOT = Path(__file__).resolve().parents[3]
 DDP = ("ddp_weak", "cached")
@@ -281,7 +281,7 @@ def run(out: Path, rate: str = DEFAULT_RATE, ks: list[int] | None = None, scale:
     out.mkdir(parents=True, exist_ok=True)
     fpmod.save_if_changed(fp, out / "fingerprint.json")
     record: dict = {"what": "two-node stand-in: two network namespaces joined by a veth pair shaped by tbf "
-                            "(dpscale.run.netns); results in runs/ as a kept machine's",
+                            "(dpscale.standin.netns); results in runs/ as a kept machine's",
                     "command": command, "started_utc": utc_now(), "rate": rate, "scale": resolved[per_node]["scale"],
                     "ks": ks, "machine": {"nodes": 2, "ranks_per_node": per_node, "cpu_count": cores},
                     "busy_rule": {"retries": opts.busy_retries, "fraction": opts.busy_fraction}, "runs": {}}
