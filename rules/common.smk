@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from dpscale.plan import config as dsconfig, fingerprint as dsfp, jobs, specs
-from dpscale import provenance, registry, results
+from dpscale import layout, provenance, registry, results
 from dpscale.data import fetch as dsfetch
 
 try:
@@ -20,7 +20,7 @@ except ValueError as e:  # ConfigError, a bad hardware_file: one line, no traceb
     sys.exit(f"Invalid configuration: {e}")
 
 if workflow.is_main_process:  # a job-mode parse on a compute node must not rewrite it
-    dsfp.save_if_changed(FP, "results/fingerprint.json")
+    dsfp.save_if_changed(FP, layout.FINGERPRINT_PATH)
 PROTO = RESOLVED["protocol"]
 DATA, FLOPS, RAW = jobs.DATA, jobs.FLOPS, jobs.RAW
 INPUT_FILES = jobs.input_files(PROTO)

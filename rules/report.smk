@@ -9,7 +9,7 @@
 from dpscale.report import book as dsbook
 from dpscale.report.chapters import CHAPTERS, csv_tables
 
-REPORT = "results/report"
+REPORT = layout.REPORT
 PROSE = "../src/dpscale/report/prose"  # report() captions: relative to this file
 BOOK = f"{workflow.basedir}/{dsbook.SOURCE}"
 REFERENCE_DIRS = list(
@@ -22,7 +22,11 @@ REFERENCE_DIRS = list(
 REFERENCE_FILES = sorted(
     str(p)
     for d in REFERENCE_DIRS
-    for pattern in ("*/fingerprint.json", "*/plan.json", "*/runs/*/*/k*.json")
+    for pattern in (
+        f"*/{layout.FINGERPRINT}",
+        f"*/{layout.PLAN}",
+        f"*/{layout.RUNS_DIR}/{layout.RESULT_GLOB}",
+    )
     for p in Path(d).glob(pattern)
 )
 
@@ -33,7 +37,7 @@ report: f"{PROSE}/snakemake_workflow.rst"
 rule report:
     input:
         runs=TARGETS,
-        fingerprint="results/fingerprint.json",
+        fingerprint=layout.FINGERPRINT_PATH,
         cache_meta=INPUT_FILES["meta"],
         book=BOOK,
         references=REFERENCE_FILES,
@@ -46,7 +50,7 @@ rule report:
         md=f"{REPORT}/report.md",
         # the tidy table: one row per machine, result and metric (dpscale.report.tidy)
         results=f"{REPORT}/results.csv",
-        plan=f"{REPORT}/plan.json",
+        plan=f"{REPORT}/{layout.PLAN}",
         # every machine's forecast, band and validation (dpscale.report.forecast)
         forecast=f"{REPORT}/forecast.json",
         # the answer in plain text, printed last by onsuccess (dpscale.report.summary)
@@ -76,7 +80,7 @@ rule report:
             for key in csv_tables()
         ],
     log:
-        "logs/report.log",
+        f"{layout.LOGS}/report.log",
     conda:
         "../envs/report.yaml"
     # the figures are drawn in parallel (17 of them were 19 of the report's 24 s on one
@@ -92,6 +96,6 @@ rule report:
         code=provenance.report_digest(),
         out_dir=lambda w, output: os.path.dirname(output.html),
     shell:
-        "python {params.scripts}/report.py --runs results/runs --fingerprint {input.fingerprint}"
+        f"python {{params.scripts}}/report.py --runs {layout.RUNS} --fingerprint {{input.fingerprint}}"
         " --targets {input.runs} --references {params.references:q} --book {input.book}"
         " --resolved {params.resolved:q} --out-dir {params.out_dir} --workers {threads} > {log} 2>&1"

@@ -165,9 +165,11 @@ def entries_outside_measure() -> list[str]:
 
 
 def digest_breaches(experiments=None) -> list[str]:
-    """Modules of plan/, run/, standin/ or lab/ in an experiment's digest (its worker imports them)."""
+    """Modules of plan/, run/, standin/ or lab/, or the files' layout, in an experiment's
+    digest (its worker imports them): where a run keeps its files is not what it measures with."""
     return [f"{e.name}: {m}" for e in (experiments or registry.EXPERIMENTS.values()) for m in e.sources
-            if m.startswith(("dpscale.plan", "dpscale.run", "dpscale.standin", "dpscale.lab"))]
+            if m.startswith(("dpscale.plan", "dpscale.run", "dpscale.standin", "dpscale.lab"))
+            or m == "dpscale.layout"]
 
 
 def test_every_entry_is_a_measurement_and_no_digest_holds_the_planner_supervisor_or_lab():
@@ -210,7 +212,7 @@ def test_each_check_catches_its_mutation(tmp_path, monkeypatch):
     worker.write_text(worker.read_text() + "\nfrom dpscale.plan import cluster  # noqa\n")
     mods = provenance.closure(("dpscale.measure.torch_job",), pkg)
     assert "dpscale.plan.cluster" in mods and digest_breaches([_Exp("ddp_weak", mods)]) == [
-        "ddp_weak: dpscale.plan.cluster", "ddp_weak: dpscale.plan.fingerprint"], mods
+        "ddp_weak: dpscale.layout", "ddp_weak: dpscale.plan.cluster", "ddp_weak: dpscale.plan.fingerprint"], mods
 
 
 @dataclasses.dataclass
@@ -270,12 +272,12 @@ def digests_changed_by(tmp_path: Path, rel: str) -> set[str]:
 
 
 def test_an_edit_reruns_exactly_the_experiments_that_run_the_module(tmp_path):
-    """The planner, the supervisor, the stand-in machines, the data stage's download and
-    the lab: no experiment.
+    """The planner, the supervisor, the stand-in machines, the files' layout, the data
+    stage's download and the lab: no experiment.
     The DDP measurements' module: every torch experiment that imports it, nothing else
     (tests/test_workflow.py shows a changed digest is a planned rerun)."""
-    for rel in ("plan/cluster.py", "run/command.py", "standin/twonode.py", "data/fetch.py", "data/resize.py",
-                "lab/tuned_probe.py"):
+    for rel in ("plan/cluster.py", "run/command.py", "standin/twonode.py", "layout.py", "data/fetch.py",
+                "data/resize.py", "lab/tuned_probe.py"):
         assert digests_changed_by(tmp_path, rel) == set(), rel
     runs_ddp = {e.name for e in registry.EXPERIMENTS.values() if "dpscale.measure.torch_ddp" in e.sources}
     assert runs_ddp >= {"ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "fsdp"}

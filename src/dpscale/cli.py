@@ -7,13 +7,15 @@
     dpscale compare A B       machine B against machine A (kept folders), ratios with intervals
     dpscale export [DIR ...]  the tidy results table (results.csv) of kept machines
 
-`keep` copies what a later report needs to set this machine beside another:
-results/runs/, results/fingerprint.json, results/model/, results/data/*.json (the data's
-provenance: source.json, the caches' metadata), the plan the last report was
-built against (results/report/plan.json), the job, rank and Snakemake logs, and a
-report rebuilt with this machine named NAME. The copy is made beside the target and
-renamed into place, so an interrupted keep leaves no half reference. The next
-`snakemake report` draws reference/NAME/ beside this run, one colour per machine.
+`keep` copies what a later report needs to set this machine beside another (the
+layout: dpscale.layout): the results, the fingerprint, the model's FLOPs, the data's
+provenance (source.json, the caches' metadata), a per-layer profile where one was made,
+the plan the last report was built against, the job, rank and Snakemake logs, and a
+report rebuilt with this machine named NAME. A copied record names its paths relative
+to its run folder (an older one that named them absolute is rewritten so). The copy is
+made beside the target and renamed into place, so an interrupted keep leaves no half
+reference. The next `snakemake report` draws reference/NAME/ beside this run, one
+colour per machine.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dpscale import registry
+from dpscale import layout, registry
+from dpscale.results import portable
 from dpscale.report import book as bookmod
 
 NAME_OK = "letters, digits, '-', '_' and '.'"
@@ -41,38 +44,48 @@ interval, and its note says so; a note also names protocol keys that differ.
 example: dpscale compare reference/h200 reference/h200x2"""
 
 
-def _copy(src: Path, dest: Path) -> None:
+def _copy(src: Path, dest: Path, run_dir: Path) -> None:
+    """A file or folder, each JSON record in it with its paths relative to run_dir (the
+    run's working folder); one that already names them so is copied byte for byte."""
+    def one(s, d):
+        if str(s).endswith(".json"):
+            try:
+                obj = json.loads(Path(s).read_text())
+            except (OSError, ValueError):
+                obj = None
+            if obj is not None and (rel := portable(obj, run_dir)) != obj:
+                Path(d).write_text(json.dumps(rel, indent=2) + "\n")
+                shutil.copystat(s, d)
+                return d
+        return shutil.copy2(s, d)
     if src.is_dir():
-        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.tmp", "*.ranks"))
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.tmp", "*.ranks"), copy_function=one)
     elif src.exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dest)
+        one(src, dest)
 
 
 def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
-    results = workdir / "results"
-    plan = results / "report" / "plan.json"
-    for needed in (results / "runs", results / "fingerprint.json", plan):
+    run, kept = layout.working(workdir), layout.kept(to / name)
+    for needed in (run.runs, run.fingerprint, run.plan):
         if not needed.exists():
             raise SystemExit(f"dpscale keep: {needed} is missing; run `snakemake --cores 1 report` in {workdir} first")
-    target = to / name
+    target = kept.root
     if target.exists() and not force:
         raise SystemExit(f"dpscale keep: {target} exists; choose another NAME or pass --force to replace it")
     to.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=to))
+    tmp = layout.kept(tempfile.mkdtemp(prefix=f".{name}.", dir=to))
     try:
-        for rel in ("runs", "fingerprint.json", "model", "roofline.json"):   # roofline.json: tools/gpu/probe_roofline.py
-            _copy(results / rel, tmp / rel)
-        _copy(plan, tmp / "plan.json")
-        for meta in sorted((results / "data").glob("*.json")):   # where the data came from, which check passed
-            _copy(meta, tmp / "data" / meta.name)
-        _copy(workdir / "logs", tmp / "logs")
+        for attr in ("runs", "fingerprint", "model", "roofline", "plan", "logs"):
+            _copy(getattr(run, attr), getattr(tmp, attr), workdir)
+        for meta in sorted(run.data.glob("*.json")):   # where the data came from, which check passed
+            _copy(meta, tmp.data / meta.name, workdir)
         for log in sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log")):
-            _copy(log, tmp / "logs" / "snakemake" / log.name)
+            _copy(log, tmp.logs / "snakemake" / log.name, workdir)
         # The report is built where it will live: the paths it names are the kept ones.
         # The machine it replaces waits aside until the build succeeds, then goes.
         old = target.rename(to / f".{name}.replaced") if target.exists() else None
-        tmp.rename(target)
+        tmp.root.rename(target)
         try:
             _report_of_kept(target, name, to)
         except BaseException:
@@ -83,15 +96,16 @@ def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp.root, ignore_errors=True)
     return target
 
 
 def _report_of_kept(folder: Path, name: str, to: Path) -> None:
     from dpscale.report import build   # matplotlib: only now
-    plan_info = json.loads((folder / "plan.json").read_text())
-    build(folder / "runs", folder / "fingerprint.json", folder / "report", name=name, references=[to],
-          targets=[str(folder / "runs" / t) for t in plan_info["targets"]], plan_info=plan_info,
+    kept = layout.kept(folder)
+    plan_info = json.loads(kept.plan.read_text())
+    build(kept.runs, kept.fingerprint, kept.report, name=name, references=[to],
+          targets=[str(kept.runs / t) for t in plan_info["targets"]], plan_info=plan_info,
           book_path=bookmod.PATH)
 
 
@@ -120,7 +134,7 @@ def forecast(a) -> int:
     from dpscale.report import forecast as fcr
     from dpscale.report.machines import load_reference, reference_folders
     dirs = a.dirs or reference_folders([ROOT / "reference"])
-    bad = [d for d in dirs if not (Path(d) / "runs").is_dir()]
+    bad = [d for d in dirs if not layout.kept(d).has_results()]
     if bad:
         raise SystemExit(f"dpscale forecast: {bad[0]} has no runs/ folder; pass a folder kept by `dpscale keep` "
                          "(reference/NAME) or a run's results/")
@@ -164,7 +178,7 @@ def export(dirs: list[Path], to: str) -> int:
         if not d.is_dir():
             raise SystemExit(f"dpscale export: {d} is not a folder; name a kept machine (reference/NAME) "
                              "or a folder of them (reference)")
-        found = [d] if (d / "runs").is_dir() else machines.reference_folders([d])
+        found = [d] if layout.kept(d).has_results() else machines.reference_folders([d])
         if not found:
             raise SystemExit(f"dpscale export: {d} holds no kept machine (no runs/ in it or in its "
                              "sub-folders); keep one with `dpscale keep NAME`")

@@ -11,6 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from dpscale import layout
 from dpscale.results import write_json_atomic
 from dpscale.standin import rounds as dsrounds
 
@@ -18,16 +19,17 @@ from dpscale.standin import rounds as dsrounds
 def main(out: Path, rounds: list[Path]) -> None:
     if out.exists():
         sys.exit(f"pool_rounds: {out} exists; give a new folder")
-    (out / "runs").mkdir(parents=True)
-    for name in ("fingerprint.json", "data"):
-        src = rounds[0] / name
+    pooled, kept = layout.kept(out), [layout.kept(r) for r in rounds]   # ROUND/results: flat, as a kept machine
+    pooled.runs.mkdir(parents=True)
+    for name in ("fingerprint", "data"):
+        src = getattr(kept[0], name)
         if src.exists():
-            (shutil.copytree if src.is_dir() else shutil.copy)(src, out / name)
-    for rel in sorted({p.relative_to(r / "runs") for r in rounds for p in (r / "runs").glob("*/*/k*.json")}):
-        got = [(json.loads((r / "runs" / rel).read_text()), str(r)) for r in rounds if (r / "runs" / rel).exists()]
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, getattr(pooled, name))
+    for rel in sorted({p.relative_to(r.runs) for r in kept for p in r.runs.glob(layout.RESULT_GLOB)}):
+        got = [(json.loads((r.runs / rel).read_text()), str(r.root)) for r in kept if (r.runs / rel).exists()]
         got = [(res, name) for res, name in got if res.get("status") == "ok"]
         if got:
-            write_json_atomic(out / "runs" / rel, dsrounds.pool([g[0] for g in got], [g[1] for g in got]))
+            write_json_atomic(pooled.runs / rel, dsrounds.pool([g[0] for g in got], [g[1] for g in got]))
             print(rel, f"{len(got)} round(s)")
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dpscale.data.fetch import read_idx
 from dpscale.data.load import SPLITS, raw_dir, sha256, verify_raw
-from dpscale.results import utc_now, write_atomic, write_json_atomic
+from dpscale.results import portable, utc_now, write_atomic, write_json_atomic
 
 
 def resize_split(images: np.ndarray, size: int) -> np.ndarray:
@@ -54,5 +54,6 @@ def write_cache(arrays: dict, prov: dict, out_npz, out_json) -> dict:
             "bytes": Path(out_npz).stat().st_size,
             "n_train": len(arrays["train_y"]), "n_test": len(arrays["test_y"]),
             "source": prov["source"], "origin": prov.get("origin"), "created_utc": utc_now()}
+    meta = portable(meta)   # an origin recorded before source.json named it relative
     write_json_atomic(out_json, meta)
     return meta

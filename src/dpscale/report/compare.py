@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dpscale import layout
 from dpscale.report.machines import Machine, load_found
 from dpscale.report.numbers import fmt_num, metric, ok, ratio, samples
 
@@ -27,14 +28,15 @@ COLUMNS = ["experiment", "variant", "k", "metric", "unit", "A", "B", "B/A", "ci_
 
 def load(folder: Path) -> Machine:
     """A kept machine folder (<dir>/runs/<experiment>/<variant>/k<k>.json), or one clear line."""
-    folder = Path(folder)
-    if not (folder / "runs").is_dir():
-        raise SystemExit(f"dpscale compare: {folder}/runs is missing; pass a folder kept by `dpscale keep` "
-                         "(layout <dir>/runs/<experiment>/<variant>/k<k>.json), e.g. reference/h200")
-    m = load_found(folder / "runs", folder / "fingerprint.json", key=folder.name, kind="reference",
-                   label=folder.name)
+    kept = layout.kept(folder)
+    if not kept.has_results():
+        raise SystemExit(f"dpscale compare: {kept.runs} is missing; pass a folder kept by `dpscale keep` "
+                         f"(layout {layout.result_path('<experiment>', '<variant>', '<k>', '<dir>/runs')}), "
+                         "e.g. reference/h200")
+    m = load_found(kept.runs, kept.fingerprint, key=kept.root.name, kind="reference", label=kept.root.name)
     if not m.results:
-        raise SystemExit(f"dpscale compare: {folder}/runs holds no result <experiment>/<variant>/k<k>.json")
+        raise SystemExit(f"dpscale compare: {kept.runs} holds no result "
+                         f"{layout.job_label('<experiment>', '<variant>', '<k>')}.json")
     return m
 
 

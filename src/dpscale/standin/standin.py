@@ -14,7 +14,7 @@ What it measures, for one link rate (scripts/two_node_standin.py is the entry):
   and the one-node k=2 measurements (all-reduce sweep, probe, weak scaling) inside
   one namespace.
 
-Layout of <out> (a kept machine's, dpscale.report.machines.load_reference reads it):
+Layout of <out> (a kept machine's, dpscale.layout.kept; dpscale.report.machines.load_reference reads it):
 
     fingerprint.json                 this machine's (dpscale.plan.fingerprint.probe)
     plan.json                        the targets below, and the command that made them
@@ -47,7 +47,7 @@ from pathlib import Path
 
 import yaml
 
-from dpscale import results
+from dpscale import layout, results
 from dpscale.data import fetch as dsfetch, load as dsload, resize as dsresize
 from dpscale.plan import config as dsconfig, fingerprint as fpmod, specs
 from dpscale.results import utc_now, write_json_atomic
@@ -66,6 +66,7 @@ PROBE = ("ddp_comm_probe", "default")
 # Mbit/s 54% (448 -> 977 ms); reference/cpu2-twonode, on a quiet box: 38% (606 -> 984 ms).
 # 500 Mbit/s keeps the share above 30% with room for noise.
 DEFAULT_RATE = "500mbit"
+LINK = "link.json"   # beside the kept machine's own files: the link, and what ran where
 MIN_CORES_FOR_TWO_PER_NODE = 4
 
 
@@ -97,13 +98,13 @@ class Planned:
         return self.k > self.per_node
 
     def target(self) -> str:
-        return results.result_path(self.experiment, self.variant, self.k, root="runs")
+        return layout.result_path(self.experiment, self.variant, self.k, root=layout.RUNS_DIR)
 
     def path(self, out: Path) -> Path:
         return out / self.folder / self.target()
 
     def log(self, out: Path) -> Path:
-        return out / self.folder / "logs" / self.experiment / self.variant / f"k{self.k}.log"
+        return out / self.folder / layout.log_path(self.experiment, self.variant, self.k, root=layout.LOGS_DIR)
 
 
 def per_node_for(cores: int) -> int:
@@ -279,7 +280,7 @@ def run(out: Path, rate: str = DEFAULT_RATE, ks: list[int] | None = None, scale:
     data_dir = Path(data_dir).resolve() if data_dir else out / "data"
     inputs = prepare_data(data_dir, resolved[per_node]["protocol"]["image_size"], say=say)
     out.mkdir(parents=True, exist_ok=True)
-    fpmod.save_if_changed(fp, out / "fingerprint.json")
+    fpmod.save_if_changed(fp, layout.kept(out).fingerprint)
     record: dict = {"what": "two-node stand-in: two network namespaces joined by a veth pair shaped by tbf "
                             "(dpscale.standin.netns); results in runs/ as a kept machine's",
                     "command": command, "started_utc": utc_now(), "rate": rate, "scale": resolved[per_node]["scale"],
@@ -296,10 +297,11 @@ def run(out: Path, rate: str = DEFAULT_RATE, ks: list[int] | None = None, scale:
     finally:
         os.chdir(here)
     record["finished_utc"], record["wall_s"] = utc_now(), round(time.monotonic() - t_start, 1)
-    write_json_atomic(out / "link.json", record)
+    write_json_atomic(out / LINK, results.portable(record, out))
     machine = [j for j in jobs if j.folder == ""]
-    write_json_atomic(out / "plan.json", {
-        "targets": [j.target()[len("runs/"):] for j in machine], "planned": len(machine), "command": command,
+    write_json_atomic(layout.kept(out).plan, {
+        "targets": [f"{layout.job_label(j.experiment, j.variant, j.k)}.json" for j in machine],
+        "planned": len(machine), "command": command,
         "reconstructed": None, "note": "the two-node stand-in (scripts/two_node_standin.py), not a Snakemake "
                                        "run: link.json says what ran where"})
     return record
