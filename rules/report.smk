@@ -83,9 +83,10 @@ rule report:
         f"{layout.LOGS}/report.log",
     conda:
         "../envs/report.yaml"
-    # the figures are drawn in parallel (17 of them were 19 of the report's 24 s on one
-    # process of the H200 box); Snakemake scales 8 down to --cores (1: one process), and
-    # a cluster gives the job 8 CPUs (workflow.cores is not defined there)
+    # the figures are drawn in parallel (drawing them is most of the report's time in one
+    # process: docs/measurements/readme-run_h200_2026-12-03.md); Snakemake scales 8 down
+    # to --cores (1: one process), and a cluster gives the job 8 CPUs (workflow.cores is
+    # not defined there)
     threads: 8
     params:
         scripts=SCRIPTS,

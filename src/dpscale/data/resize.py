@@ -18,8 +18,8 @@ def resize_split(images: np.ndarray, size: int) -> np.ndarray:
 
     Written as the PIL call that Resize makes for a PIL image (the shorter side to
     `size`, the longer truncated in proportion; Image.resize, bilinear, which PIL
-    antialiases), not through transforms.Resize: importing torchvision and its
-    per-call checks were 3-6 s of the data stage's 17 (one H200, 70,000 images)."""
+    antialiases), not through transforms.Resize: importing torchvision and its per-call
+    checks were a large part of the data stage (docs/measurements/readme-run_h200_2026-12-03.md)."""
     import numpy as np
     from PIL import Image
     h, w = images.shape[1:]

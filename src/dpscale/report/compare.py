@@ -18,9 +18,8 @@ from dpscale.report.numbers import fmt_num, metric, ok, ratio, samples
 # metric -> unit; each compared as its per-launch samples, else its repeats, else its one number
 METRICS = {"samples_per_s": "samples/s", "busbw_GBps_64MiB": "GB/s", "avg_busbw_GBps": "GB/s"}
 # Protocol keys that change the spread, not the number. warmup_steps: once warm, the first
-# timed epoch reads as the second (on the H200, within 0.4% for the seed's and the tuned
-# step's three launches each: README, "What a run cost"), whether the warm-up was the
-# book's epoch or 50 steps.
+# timed epoch reads as the second, whether the warm-up was the book's epoch or 50 steps
+# (docs/measurements/launch-cost_h200_2026-12-03.md).
 SAME_ANYWAY = ("repeats", "launches", "warmup_steps")
 COLUMNS = ["experiment", "variant", "k", "metric", "unit", "A", "B", "B/A", "ci_lo", "ci_hi", "n_A", "n_B",
            "covers", "note"]

@@ -61,10 +61,9 @@ PROBE = ("ddp_comm_probe", "default")
 # tested, at least 30% on the 2-core box at smoke scale. ResNet-18's gradient is 44.7 MB
 # (fp32); a ring all-reduce at k=2 sends S = 44.7 MB each way, 0.37 s at 1 Gbit/s (0.956
 # of it carries TCP payload), 0.75 s at 500 Mbit/s. DDP overlaps its buckets with the
-# backward (~0.3 s of a ~0.47 s step on one core), so at 1 Gbit/s only ~0.13 s is
-# exposed: measured 21% of the k=2 step (487 -> 617 ms); at 750 Mbit/s 46% and at 500
-# Mbit/s 54% (448 -> 977 ms); reference/cpu2-twonode, on a quiet box: 38% (606 -> 984 ms).
-# 500 Mbit/s keeps the share above 30% with room for noise.
+# backward, so at 1 Gbit/s little of it is exposed and the share stays under 30%; at
+# 500 Mbit/s it stays above, with room for noise (the rates tried and the shares
+# measured: docs/measurements/twonode-standin_cpu2_2026-12-02.md; reference/cpu2-twonode).
 DEFAULT_RATE = "500mbit"
 LINK = "link.json"   # beside the kept machine's own files: the link, and what ran where
 MIN_CORES_FOR_TWO_PER_NODE = 4

@@ -94,7 +94,7 @@ def layers_table(data: ReportData) -> Table:
     tuned.sort(key=lambda mr: mr[0].profile is None)
     rows = layer_rows(*tuned[0]) if tuned else []
     return records_table("roofline_layers", "Per layer: the roofline's bounds at the tuned job's measured rates, "
-                         "and the time of an eager bf16 profile where one was kept (tools/gpu/probe_roofline.py)",
+                         "and the time of an eager bf16 profile where one was kept (tools/lab/probe_roofline.py)",
                          rows, LAYERS)
 
 
