@@ -39,8 +39,9 @@ def test_a_record_names_its_run_folders_paths_relative_and_the_home_as_tilde(tmp
                 hung_detail=f"rank 0 stuck; see {log} and --log-dir={run}",
                 command=f"snakemake --config 'data={{local_dir: {run}/.fmnist}}'")
     assert r["log"] == "logs/ddp_weak/seed/k1.log" and r["rank_logs"] == ["logs/ddp_weak/seed/k1.rank0.log"]
-    assert r["runtime"]["env"] == {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "logs/ddp_weak/seed/k1.log.ranks/nccl_trace_rank_",
-                                   "JAX_COMPILATION_CACHE_DIR": "~/.cache/dpscale/xla"}
+    assert r["runtime"]["env"] == {
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "logs/ddp_weak/seed/k1.log.ranks/nccl_trace_rank_",
+        "JAX_COMPILATION_CACHE_DIR": "~/.cache/dpscale/xla"}
     assert r["hung_detail"] == "rank 0 stuck; see logs/ddp_weak/seed/k1.log and --log-dir=."
     assert r["data"]["origin"] == "/usr/share/datasets/fashion-mnist"    # a system location, as it is
     assert r["command"].endswith(f"{run}/.fmnist}}'")                   # what was typed, as typed
@@ -91,7 +92,8 @@ def test_keep_rewrites_an_older_records_absolute_paths_and_copies_a_portable_one
     new.write_text('{"log": "logs/k1.log",   "metrics": {"step_ms": 1.25}}\n')   # not as json.dumps writes it
     cli._copy(old, tmp_path / "kept" / "old.json", work)
     cli._copy(new, tmp_path / "kept" / "new.json", work)
-    assert json.loads((tmp_path / "kept" / "old.json").read_text()) == {"log": "logs/k1.log", "metrics": {"step_ms": 1.25}}
+    kept_old = json.loads((tmp_path / "kept" / "old.json").read_text())
+    assert kept_old == {"log": "logs/k1.log", "metrics": {"step_ms": 1.25}}
     assert (tmp_path / "kept" / "new.json").read_bytes() == new.read_bytes()
 
 
@@ -122,7 +124,8 @@ def test_no_committed_reference_names_a_folder_of_the_machine_that_made_it(tmp_p
     (tmp_path / "m" / "runs" / "k1.json").write_text(json.dumps(
         {"runtime": {"env": {"X": "/tmp/wd/logs/a"}}, "commands": ["ip taskset /work/main/.venv/bin/torchrun"],
          "command": "snakemake --config local_dir=/work/main/.fmnist", "gpu": "/opt/torch/.venv/bin/python"}))
-    assert absolute_paths(tmp_path) == ["m/runs/k1.json: /tmp/wd/logs/a", "m/runs/k1.json: /work/main/.venv/bin/torchrun"]
+    assert absolute_paths(tmp_path) == ["m/runs/k1.json: /tmp/wd/logs/a",
+                                        "m/runs/k1.json: /work/main/.venv/bin/torchrun"]
 
 
 @pytest.mark.parametrize("text, want", [("https://a.b/c d", "https://a.b/c d"), ("1/2", "1/2"),

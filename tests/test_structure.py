@@ -114,7 +114,38 @@ def long_functions(folder: Path) -> list[str]:
 
 
 def test_no_function_needs_scrolling():
-    assert not long_functions(PACKAGE), long_functions(PACKAGE)
+    """The package and the scripts the rules call (their logic is the package's; what is
+    left of them is as short)."""
+    for folder in (PACKAGE, ROOT / "scripts"):
+        assert not long_functions(folder), long_functions(folder)
+
+
+# A commit or a working session named where a reader meets the code: the dated report
+# under docs/measurements/ and the changelog name them, the code cites the report. A
+# commit is 7 to 40 hex digits with a digit and a letter among them. Not one: an md5 of
+# exactly 32 digits (the data's published checksums, dpscale.data.fetch, which the code
+# must hold); a sha256 is 64 digits and never matches.
+COMMIT = re.compile(r"\b[0-9a-f]{7,40}\b")
+SESSION = re.compile(r"\bsession\s+\d+", re.I)
+MD5_DIGITS = 32
+
+
+def dated_names(root: Path) -> list[str]:
+    """Commits and sessions named in README.md, the Snakefile, src/, rules/ and scripts/."""
+    files = [root / "README.md", root / "Snakefile"] + [
+        p for d in ("src", "rules", "scripts") for p in sorted((root / d).rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".png", ".svg")]
+    found = []
+    for path in files:
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            names = [t for t in COMMIT.findall(line) if re.search(r"\d", t) and re.search(r"[a-f]", t)
+                     and len(t) != MD5_DIGITS] + SESSION.findall(line)
+            found += [f"{path.relative_to(root)}:{n}: {name}" for name in names]
+    return found
+
+
+def test_no_commit_or_session_is_named_outside_the_reports():
+    assert not dated_names(ROOT), dated_names(ROOT)
 
 
 def dynamic_imports(package: Path) -> list[str]:
@@ -204,6 +235,8 @@ def test_each_check_catches_its_mutation(tmp_path, monkeypatch):
     body = "\n".join(f"    x{i} = {i}" for i in range(60))
     (pkg / "measure" / "long.py").write_text(f"def f():\n{body}\n")
     assert long_functions(pkg) == ["measure/long.py:1 f (61 lines)"]
+    (root / "scripts" / "long.py").write_text(f"def f():\n{body}\n")
+    assert long_functions(root / "scripts") == ["long.py:1 f (61 lines)"]
     lab_entry = dataclasses.replace(registry.get("fsdp"), entry="dpscale.lab.tuned_probe:fixed_batches")
     monkeypatch.setitem(registry.EXPERIMENTS, "fsdp", lab_entry)
     assert entries_outside_measure() == ["fsdp: dpscale.lab.tuned_probe:fixed_batches"]
@@ -213,6 +246,21 @@ def test_each_check_catches_its_mutation(tmp_path, monkeypatch):
     mods = provenance.closure(("dpscale.measure.torch_job",), pkg)
     assert "dpscale.plan.cluster" in mods and digest_breaches([_Exp("ddp_weak", mods)]) == [
         "ddp_weak: dpscale.layout", "ddp_weak: dpscale.plan.cluster", "ddp_weak: dpscale.plan.fingerprint"], mods
+
+
+def test_the_dated_names_check_sees_a_commit_and_a_session_and_not_a_checksum(tmp_path):
+    root = _tree_copy(tmp_path)
+    (root / "README.md").write_text("Run it.\n")
+    clean = dated_names(root)
+    torch_ddp = root / "src" / "dpscale" / "measure" / "torch_ddp.py"
+    torch_ddp.write_text(torch_ddp.read_text() + "\n# 2.5 s at 5a04905 (Session 42)\n")
+    (root / "rules" / "common.smk").write_text((root / "rules" / "common.smk").read_text()
+                                               + "# measured at commit 7aa3da0f on one H200\n")
+    (root / "scripts" / "resize.py").write_text((root / "scripts" / "resize.py").read_text()
+                                                + '# md5 "8d4fb7e6c68d591d4c3dfef9ec88bf0d", 1234567, deadbeef\n')
+    (root / "README.md").write_text("Run it (in session 3 at caf8e87).\n")
+    new = [f.split(": ", 1)[1] for f in dated_names(root) if f not in clean]
+    assert new == ["caf8e87", "session 3", "5a04905", "Session 42", "7aa3da0f"], new
 
 
 @dataclasses.dataclass
