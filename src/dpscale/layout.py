@@ -75,37 +75,14 @@ class Folder:
     def _at(self, name: str) -> Path:
         return self.root / name if self.flat else self.root / RESULTS / name
 
-    @property
-    def runs(self) -> Path:
-        return self._at(RUNS_DIR)
-
-    @property
-    def fingerprint(self) -> Path:
-        return self._at(FINGERPRINT)
-
-    @property
-    def plan(self) -> Path:
-        return self.root / PLAN if self.flat else self.report / PLAN
-
-    @property
-    def model(self) -> Path:
-        return self._at(MODEL_DIR)
-
-    @property
-    def data(self) -> Path:
-        return self._at(DATA_DIR)
-
-    @property
-    def roofline(self) -> Path:
-        return self._at(ROOFLINE)
-
-    @property
-    def report(self) -> Path:
-        return self._at(REPORT_DIR)
-
-    @property
-    def logs(self) -> Path:
-        return self.root / LOGS_DIR
+    runs = property(lambda self: self._at(RUNS_DIR))
+    fingerprint = property(lambda self: self._at(FINGERPRINT))
+    model = property(lambda self: self._at(MODEL_DIR))
+    data = property(lambda self: self._at(DATA_DIR))
+    roofline = property(lambda self: self._at(ROOFLINE))
+    report = property(lambda self: self._at(REPORT_DIR))
+    plan = property(lambda self: self.root / PLAN if self.flat else self.report / PLAN)
+    logs = property(lambda self: self.root / LOGS_DIR)
 
     def has_results(self) -> bool:
         return self.runs.is_dir()
