@@ -97,6 +97,8 @@ rule report:
         code=provenance.report_digest(),
         out_dir=lambda w, output: os.path.dirname(output.html),
     shell:
-        f"python {{params.scripts}}/report.py --runs {layout.RUNS} --fingerprint {{input.fingerprint}}"
+        "python {params.scripts}/report.py"
+        f" --runs {layout.RUNS}"
+        " --fingerprint {input.fingerprint}"
         " --targets {input.runs} --references {params.references:q} --book {input.book}"
         " --resolved {params.resolved:q} --out-dir {params.out_dir} --workers {threads} > {log} 2>&1"
