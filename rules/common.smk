@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from dpscale.plan import config as dsconfig, fingerprint as dsfp, jobs, replan, specs
-from dpscale import provenance, registry, results
+from dpscale import layout, provenance, registry, results
 from dpscale.data import fetch as dsfetch
 from dpscale.run import caches as dsrun_caches
 

@@ -3,7 +3,7 @@ rule download:
         raw=RAW,
         provenance=f"{DATA}/source.json",
     log:
-        "logs/data/download.log",
+        f"{layout.LOGS}/data/download.log",
     conda:
         "../envs/torch.yaml"
     params:
@@ -30,7 +30,7 @@ rule resize:
         cache=f"{DATA}/fmnist_{{size}}px.npz",
         meta=f"{DATA}/fmnist_{{size}}px.json",
     log:
-        "logs/data/resize_{size}px.log",
+        f"{layout.LOGS}/data/resize_{{size}}px.log",
     wildcard_constraints:
         size=r"\d+",
     conda:
@@ -48,7 +48,7 @@ rule model_flops:
     output:
         FLOPS,
     log:
-        "logs/model/flops_{size}px.log",
+        f"{layout.LOGS}/model/flops_{{size}}px.log",
     wildcard_constraints:
         size=r"\d+",
     conda:

@@ -14,9 +14,9 @@ for _exp in registry.EXPERIMENTS.values():
         input:
             **jobs.rule_inputs(_exp, PROTO),
         output:
-            json=results.result_path(_exp.name, "{variant}", "{k}"),
+            json=layout.result_path(_exp.name, "{variant}", "{k}"),
         log:
-            f"logs/{_exp.name}/{{variant}}/k{{k}}.log",
+            layout.log_path(_exp.name, "{variant}", "{k}"),
         wildcard_constraints:
             variant="|".join(_exp.variant_names()),
             k=r"\d+",

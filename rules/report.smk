@@ -9,7 +9,7 @@
 from dpscale.report import book as dsbook
 from dpscale.report.chapters import CHAPTERS, csv_tables
 
-REPORT = "results/report"
+REPORT = layout.REPORT
 PROSE = "../src/dpscale/report/prose"  # report() captions: relative to this file
 BOOK = f"{workflow.basedir}/{dsbook.SOURCE}"
 REFERENCE_DIRS = list(
@@ -22,7 +22,11 @@ REFERENCE_DIRS = list(
 REFERENCE_FILES = sorted(
     str(p)
     for d in REFERENCE_DIRS
-    for pattern in ("*/fingerprint.json", "*/plan.json", "*/runs/*/*/k*.json")
+    for pattern in (
+        f"*/{layout.FINGERPRINT}",
+        f"*/{layout.PLAN}",
+        f"*/{layout.RUNS_DIR}/{layout.RESULT_GLOB}",
+    )
     for p in Path(d).glob(pattern)
 )
 
@@ -35,9 +39,9 @@ report: f"{PROSE}/snakemake_workflow.rst"
 # only with the run that measures on it (params: a change reruns it, and the report).
 rule fingerprint:
     output:
-        "results/fingerprint.json",
+        layout.FINGERPRINT_PATH,
     log:
-        "logs/fingerprint.log",
+        f"{layout.LOGS}/fingerprint.log",
     localrule: True
     params:
         scripts=SCRIPTS,
@@ -49,7 +53,7 @@ rule fingerprint:
 rule report:
     input:
         runs=TARGETS,
-        fingerprint="results/fingerprint.json",
+        fingerprint=layout.FINGERPRINT_PATH,
         cache_meta=INPUT_FILES["meta"],
         book=BOOK,
         references=REFERENCE_FILES,
@@ -62,7 +66,7 @@ rule report:
         md=f"{REPORT}/report.md",
         # the tidy table: one row per machine, result and metric (dpscale.report.tidy)
         results=f"{REPORT}/results.csv",
-        plan=f"{REPORT}/plan.json",
+        plan=f"{REPORT}/{layout.PLAN}",
         # every machine's forecast, band and validation (dpscale.report.forecast)
         forecast=f"{REPORT}/forecast.json",
         # the answer in plain text, printed last by onsuccess (dpscale.report.summary)
@@ -92,12 +96,13 @@ rule report:
             for key in csv_tables()
         ],
     log:
-        "logs/report.log",
+        f"{layout.LOGS}/report.log",
     conda:
         "../envs/report.yaml"
-    # the figures are drawn in parallel (17 of them were 19 of the report's 24 s on one
-    # process of the H200 box); Snakemake scales 8 down to --cores (1: one process), and
-    # a cluster gives the job 8 CPUs (workflow.cores is not defined there)
+    # the figures are drawn in parallel (drawing them is most of the report's time in one
+    # process: docs/measurements/readme-run_h200_2026-12-03.md); Snakemake scales 8 down
+    # to --cores (1: one process), and a cluster gives the job 8 CPUs (workflow.cores is
+    # not defined there)
     threads: 8
     params:
         scripts=SCRIPTS,
@@ -108,6 +113,8 @@ rule report:
         code=provenance.report_digest(),
         out_dir=lambda w, output: os.path.dirname(output.html),
     shell:
-        "python {params.scripts:q}/report.py --runs results/runs --fingerprint {input.fingerprint:q}"
+        "python {params.scripts:q}/report.py"
+        f" --runs {layout.RUNS}"
+        " --fingerprint {input.fingerprint:q}"
         " --targets {input.runs:q} --references {params.references:q} --book {input.book:q}"
         " --resolved {params.resolved:q} --out-dir {params.out_dir:q} --workers {threads} > {log:q} 2>&1"

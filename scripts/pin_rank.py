@@ -6,7 +6,7 @@
 Local rank r (torchrun's LOCAL_RANK) is bound to the r-th core of --cpus, then this
 process exec()s `python -u <worker> <args>`: the same pid, so torchrun still watches
 (and kills) it, and the worker sets its own parent-death signal as it always does.
-Used by dpscale.run.twonode where a node runs more than one rank; with one rank per
+Used by dpscale.standin.twonode where a node runs more than one rank; with one rank per
 node, `taskset` on the torchrun agent pins it and this script is not used.
 """
 import argparse

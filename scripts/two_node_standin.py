@@ -3,9 +3,9 @@
 inter-node tier (and DDP scaling across it) where there is no second machine.
 
 Two network namespaces joined by a veth pair, each end shaped by tc's tbf to --rate
-(dpscale.run.netns); in them, torchrun agents with a c10d rendezvous across the link,
-as on a cluster (dpscale.run.twonode); the pipeline's own job specs and worker
-(dpscale.run.standin). It measures, at one rate:
+(dpscale.standin.netns); in them, torchrun agents with a c10d rendezvous across the link,
+as on a cluster (dpscale.standin.twonode); the pipeline's own job specs and worker
+(dpscale.standin.standin). It measures, at one rate:
 
   allreduce/default k=2        the all-reduce sweep, one rank per namespace: every byte
                                crosses the link (the forecast's inter-node tier)
@@ -32,7 +32,8 @@ import argparse
 import shlex
 import signal
 
-from dpscale.run import netns, standin
+from dpscale import layout
+from dpscale.standin import netns, standin
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,7 +42,7 @@ def _stop(signum, frame):   # SIGTERM/SIGHUP: unwind, so that every process and 
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate", default=standin.DEFAULT_RATE,
                     help=f"the link's rate each way, in tc's units (bit, kbit, mbit, gbit; default "
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout-s", type=float, default=None,
                     help="hang limit of each measurement (config watchdog.hang_timeout_s; default: the "
                          "config's, 120 s at smoke)")
-    ap.add_argument("--data", type=Path, default=REPO / "results" / "data",
+    ap.add_argument("--data", type=Path, default=layout.working(REPO).data,
                     help="folder of the resize cache, built there by the data stage's functions if missing "
                          "(default: the workflow's results/data)")
     ap.add_argument("--threads", type=int, default=1, help="threads per rank at every k (default 1)")
@@ -72,7 +73,11 @@ def main(argv=None) -> int:
                          "steal) stay under --busy-fraction of the CPU (default 300; 0: start at once)")
     ap.add_argument("--lock-dir", default=None,
                     help="folder of the per-core locks shared with the workflow (default /tmp/dpscale-locks)")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
     ks = [int(k) for k in a.ks.split(",")] if a.ks else None
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop)
@@ -88,8 +93,16 @@ def main(argv=None) -> int:
         print(f"two_node_standin: stopped ({e or 'interrupt'}): its processes and namespaces are gone",
               file=sys.stderr)
         return 130
+    say_summary(rec, a.out)
+    bad = [p for p, r in rec["runs"].items() if r["status"] != "ok"]
+    if bad:
+        print(f"not ok: {', '.join(bad)} (see their records and logs)", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def say_summary(rec: dict, out: Path) -> None:
     s = rec.get("summary", {})
-    print(f"wrote {a.out}/runs, {a.out}/link.json in {rec['wall_s']:.0f} s")
+    print(f"wrote {layout.kept(out).runs}, {out / standin.LINK} in {rec['wall_s']:.0f} s")
     for key in ("ddp_weak_k1", "ddp_weak_k2_across"):
         if key in s:
             print(f"  {key}: {s[key]['samples_per_s']:.1f} samples/s, step {s[key]['step_ms_median']:.1f} ms")
@@ -100,10 +113,6 @@ def main(argv=None) -> int:
     for row in s.get("allreduce_k2_across", {}).get("largest_payloads", []):
         print(f"  all-reduce across the link, {row['bytes'] / 2**20:g} MiB: busbw "
               f"{row['busbw_GBps_out_of_place']:.4f} GB/s out-of-place, {row['busbw_GBps_in_place']:.4f} in-place")
-    bad = [p for p, r in rec["runs"].items() if r["status"] != "ok"]
-    if bad:
-        print(f"not ok: {', '.join(bad)} (see their records and logs)", file=sys.stderr)
-    return 1 if bad else 0
 
 
 if __name__ == "__main__":

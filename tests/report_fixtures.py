@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpscale.analysis import costmodel, stateff, stats, tta
-from dpscale import results
+from dpscale import layout
 from dpscale.results import make_result, write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,8 +32,9 @@ def write(root: Path, exp, variant, k, *, fp, backend, scale, status="ok", reaso
     r = make_result(experiment=exp, variant=variant, k=k, status=status, reason=reason, metrics=metrics or {},
                     config={"scale": scale, "protocol": {"per_rank_batch": 8}}, fingerprint=fp, backend=backend,
                     data=data, code=CODE)
-    results.save(root / exp / variant / f"k{k}.json", r)
-    return results.result_path(exp, variant, k, str(root))
+    path = layout.result_path(exp, variant, k, str(root))
+    results.save(path, r)
+    return path
 
 
 def throughput(s, k, prb, wobble=(1.0, 1.01, 0.99)):
@@ -157,7 +158,8 @@ def write_cpu_smoke(runs: Path, fp=CPU_FP) -> list[str]:
 
 def write_gpu_paper(root: Path) -> None:
     """A reference machine, reference/<name>/: 8 x H200 at paper scale, with a plan.json."""
-    runs, kw, targets = root / "runs", dict(fp=GPU_FP, backend="nccl", scale="paper", source="real"), []
+    kept = layout.kept(root)
+    runs, kw, targets = kept.runs, dict(fp=GPU_FP, backend="nccl", scale="paper", source="real"), []
     for exp, variant, base, effs in (("ddp_weak", "seed", 5000.0, {2: 0.9, 4: 0.85, 8: 0.8}),
                                      ("ddp_weak", "cached", 5600.0, {2: 0.95, 4: 0.93, 8: 0.9}),
                                      ("ddp_strong", "seed", 5100.0, {2: 0.85, 4: 0.7, 8: 0.5}),
@@ -176,9 +178,9 @@ def write_gpu_paper(root: Path) -> None:
     targets.append(write(runs, "ddp_memcpy_training", "default", 2, status="hung", reason=HUNG_REASON,
                          metrics={"hung_after_s": 120.4}, **kw))
     targets += [write(runs, "fsdp", "default", k, metrics=fsdp_metrics(k, True), **kw) for k in (1, 2, 4, 8)]
-    planned = [t.split("/runs/", 1)[1] for t in targets] + ["jax_hlo/default/k8.json"]   # one never ran
-    write_json_atomic(root / "fingerprint.json", GPU_FP)
-    write_json_atomic(root / "plan.json", {"targets": planned, "command": "snakemake --cores 8 report"})
+    planned = [str(Path(t).relative_to(runs)) for t in targets] + ["jax_hlo/default/k8.json"]   # one never ran
+    write_json_atomic(kept.fingerprint, GPU_FP)
+    write_json_atomic(kept.plan, {"targets": planned, "command": "snakemake --cores 8 report"})
 
 
 def build_fixture(tmp: Path, **kw) -> dict:
@@ -187,14 +189,15 @@ def build_fixture(tmp: Path, **kw) -> dict:
     import html as htmllib
 
     from dpscale import report
-    runs = tmp / "results" / "runs"
+    run = layout.working(tmp)
+    runs = run.runs
     targets = write_cpu_smoke(runs)
-    write_json_atomic(tmp / "results" / "fingerprint.json", CPU_FP)
+    write_json_atomic(run.fingerprint, CPU_FP)
     write_gpu_paper(tmp / "reference" / "h200x8")
-    out = tmp / "results" / "report"
+    out = run.report
     info = {"command": "snakemake --cores 2 report", "config_hash": "c0ffee",
             "resolved": {"ks": [1, 2, 4], "forecast": {"bootstrap_draws": 20}}}
-    summary = report.build(runs, tmp / "results" / "fingerprint.json", out, targets=targets,
+    summary = report.build(runs, run.fingerprint, out, targets=targets,
                            references=[tmp / "reference"], book_path=BOOK, build_info=info, **{"workers": 2, **kw})
     raw = (out / "report.html").read_text()
     return {"tmp": tmp, "out": out, "summary": summary, "raw_html": raw, "targets": targets,

@@ -169,7 +169,8 @@ def test_busy_devices_make_the_job_wait_then_fail_naming_the_holder(tiny_data, t
     held.release()
     assert rc == 0 and res["status"] == "failed", log
     assert elapsed >= 3
-    holder = f"cpu-0 held by pid {os.getpid()} (ddp_weak/tuned/k1 in {os.getcwd()}, since "
+    # the holder's folder as a record names a path: "." when it runs in this run's folder
+    holder = f"cpu-0 held by pid {os.getpid()} (ddp_weak/tuned/k1 in {results.relative(os.getcwd())}, since "
     assert res["reason"].startswith(f"devices busy: {holder}"), res["reason"]
     assert "for more than 3 s" in res["reason"] and "locks.wait_s" in res["reason"]
     assert f"waiting up to 3 s for cpu-0 held by pid {os.getpid()}" in log

@@ -178,11 +178,11 @@ def test_one_timed_epoch_needs_launches_for_an_interval():
 
 
 def test_rounds_pool_every_launch_and_keep_one_launch_coherent():
-    """Two rounds of one point (dpscale.run.rounds): every launch listed, the interval
+    """Two rounds of one point (dpscale.standin.rounds): every launch listed, the interval
     across all six, the recorded figure and its metrics one launch's (the lower median
     of the rounds'); a probe's pairs concatenated and its median and straggler share
     recomputed; a lone round's result as it was."""
-    from dpscale.run import rounds
+    from dpscale.standin import rounds
     a = launches.merge([launch_result(v) for v in (100.0, 104.0, 102.0)])
     b = launches.merge([launch_result(v) for v in (130.0, 90.0, 120.0)])
     p = rounds.pool([a, b], ["r1", "r2"])

@@ -1,5 +1,5 @@
 """The two-node stand-in: two network namespaces joined by a tbf-shaped veth
-(dpscale.run.netns) and a measurement run across them (dpscale.run.twonode).
+(dpscale.standin.netns) and a measurement run across them (dpscale.standin.twonode).
 
 - the namespaces are made and always removed, also when the body raises, and a
   process left inside goes with them; a SIGKILLed creator's are found and removed;
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from dpscale.run import netns, twonode
+from dpscale.standin import netns, twonode
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
 
@@ -74,7 +74,7 @@ def test_rate_and_tbf_numbers():
 
 
 def test_the_stand_in_plans_the_link_tier_and_the_machine():
-    from dpscale.run import standin
+    from dpscale.standin import standin
     two = [(j.experiment, j.k, j.per_node, j.folder) for j in standin.plan([1, 2], 1)]
     assert two == [("allreduce", 2, 1, ""), ("ddp_weak", 1, 1, ""), ("ddp_weak", 2, 1, ""),
                    ("ddp_comm_probe", 2, 1, "")]
@@ -116,7 +116,7 @@ def test_namespaces_are_made_and_always_removed():
 
 
 def test_stale_namespaces_of_a_killed_run_are_removed():
-    code = ("import sys, time; from dpscale.run import netns\n"
+    code = ("import sys, time; from dpscale.standin import netns\n"
             "with netns.two_nodes('100mbit') as n:\n"
             "    print(' '.join(n.names), flush=True); time.sleep(120)\n")
     with nodes_or_skip("100mbit") as mine:   # a live run's: must stay

@@ -1,7 +1,7 @@
 """The code's shape, checked: no import circles in the package, imports only down its
 floors (scripts/ and rules/ on top, lab/ reached by no pipeline code), no dynamic import
 but the registry's and the figure index's, every experiment's entry in measure/ and its
-digest free of plan/, run/ and lab/, short functions everywhere, markup only in
+digest free of plan/, run/, standin/ and lab/, short functions everywhere, markup only in
 templates, and light imports where the workflow is parsed. Each check is a function of a
 tree, and each is shown to catch the mutation it exists for."""
 from __future__ import annotations
@@ -34,7 +34,9 @@ def graph() -> dict[str, frozenset[str]]:
 # The package's floors, lowest first: a module imports only from its own floor or
 # those below. Root modules are the ground floor, but for the command line on top;
 # scripts/ and rules/ (with the Snakefile) stand above them all, and may not reach lab/.
-LAYERS = ("ground", "data", "model", "analysis", "plan", "measure", "run", "report", "lab", "cli")
+# The stand-in machines sit beside running one job, one floor up: they run jobs, and
+# nothing that runs a job or reports one reaches them.
+LAYERS = ("ground", "data", "model", "analysis", "plan", "measure", "run", "standin", "report", "lab", "cli")
 # Where a module may be imported by name at run time (importlib): the registry's entry
 # points and the figure index's per-chapter modules. Anywhere else it would hide an
 # import from the digest walk (dpscale.provenance reads import statements).
@@ -75,8 +77,9 @@ def upward(g: dict) -> list[str]:
 
 def test_imports_only_run_down_the_layers():
     """registry, results, provenance and data on the ground; then the models, the
-    analysis, planning, running a job, the measurements, the report, the lab (code no
-    pipeline variant runs) and the command line. Nothing imports from a floor above."""
+    analysis, planning, the measurements, running a job, the stand-in machines, the
+    report, the lab (code no pipeline variant runs) and the command line. Nothing
+    imports from a floor above."""
     up = upward(graph())
     assert not up, up
     assert {layer(m) for m in graph()} == set(LAYERS), "every floor is in use, and no module outside them"
@@ -93,6 +96,10 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     g = {m: provenance.imports_of(m, pkg) for m in provenance.package_modules(pkg)}
     assert g["dpscale.measure.job"] == {"dpscale.analysis.stats"}   # relative, at the top: down, fine
     assert upward(g) == ["dpscale.analysis.stats (analysis) imports dpscale.measure.job (measure)"]
+    # running one job never reaches the stand-in machines, which run jobs
+    assert upward({"dpscale.run.watchdog": {"dpscale.standin.netns"},
+                   "dpscale.standin.twonode": {"dpscale.run.watchdog"}}) == [
+        "dpscale.run.watchdog (run) imports dpscale.standin.netns (standin)"]
 
 
 def long_functions(folder: Path) -> list[str]:
@@ -107,7 +114,38 @@ def long_functions(folder: Path) -> list[str]:
 
 
 def test_no_function_needs_scrolling():
-    assert not long_functions(PACKAGE), long_functions(PACKAGE)
+    """The package and the scripts the rules call (their logic is the package's; what is
+    left of them is as short)."""
+    for folder in (PACKAGE, ROOT / "scripts"):
+        assert not long_functions(folder), long_functions(folder)
+
+
+# A commit or a working session named where a reader meets the code: the dated report
+# under docs/measurements/ and the changelog name them, the code cites the report. A
+# commit is 7 to 40 hex digits with a digit and a letter among them. Not one: an md5 of
+# exactly 32 digits (the data's published checksums, dpscale.data.fetch, which the code
+# must hold); a sha256 is 64 digits and never matches.
+COMMIT = re.compile(r"\b[0-9a-f]{7,40}\b")
+SESSION = re.compile(r"\bsession\s+\d+", re.I)
+MD5_DIGITS = 32
+
+
+def dated_names(root: Path) -> list[str]:
+    """Commits and sessions named in README.md, the Snakefile, src/, rules/ and scripts/."""
+    files = [root / "README.md", root / "Snakefile"] + [
+        p for d in ("src", "rules", "scripts") for p in sorted((root / d).rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".png", ".svg")]
+    found = []
+    for path in files:
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            names = [t for t in COMMIT.findall(line) if re.search(r"\d", t) and re.search(r"[a-f]", t)
+                     and len(t) != MD5_DIGITS] + SESSION.findall(line)
+            found += [f"{path.relative_to(root)}:{n}: {name}" for name in names]
+    return found
+
+
+def test_no_commit_or_session_is_named_outside_the_reports():
+    assert not dated_names(ROOT), dated_names(ROOT)
 
 
 def dynamic_imports(package: Path) -> list[str]:
@@ -158,9 +196,11 @@ def entries_outside_measure() -> list[str]:
 
 
 def digest_breaches(experiments=None) -> list[str]:
-    """Modules of plan/, run/ or lab/ in an experiment's digest (its worker imports them)."""
+    """Modules of plan/, run/, standin/ or lab/, or the files' layout, in an experiment's
+    digest (its worker imports them): where a run keeps its files is not what it measures with."""
     return [f"{e.name}: {m}" for e in (experiments or registry.EXPERIMENTS.values()) for m in e.sources
-            if m.startswith(("dpscale.plan", "dpscale.run", "dpscale.lab"))]
+            if m.startswith(("dpscale.plan", "dpscale.run", "dpscale.standin", "dpscale.lab"))
+            or m == "dpscale.layout"]
 
 
 def test_every_entry_is_a_measurement_and_no_digest_holds_the_planner_supervisor_or_lab():
@@ -195,6 +235,8 @@ def test_each_check_catches_its_mutation(tmp_path, monkeypatch):
     body = "\n".join(f"    x{i} = {i}" for i in range(60))
     (pkg / "measure" / "long.py").write_text(f"def f():\n{body}\n")
     assert long_functions(pkg) == ["measure/long.py:1 f (61 lines)"]
+    (root / "scripts" / "long.py").write_text(f"def f():\n{body}\n")
+    assert long_functions(root / "scripts") == ["long.py:1 f (61 lines)"]
     lab_entry = dataclasses.replace(registry.get("fsdp"), entry="dpscale.lab.tuned_probe:fixed_batches")
     monkeypatch.setitem(registry.EXPERIMENTS, "fsdp", lab_entry)
     assert entries_outside_measure() == ["fsdp: dpscale.lab.tuned_probe:fixed_batches"]
@@ -203,7 +245,22 @@ def test_each_check_catches_its_mutation(tmp_path, monkeypatch):
     worker.write_text(worker.read_text() + "\nfrom dpscale.plan import cluster  # noqa\n")
     mods = provenance.closure(("dpscale.measure.torch_job",), pkg)
     assert "dpscale.plan.cluster" in mods and digest_breaches([_Exp("ddp_weak", mods)]) == [
-        "ddp_weak: dpscale.plan.cluster", "ddp_weak: dpscale.plan.fingerprint"], mods
+        "ddp_weak: dpscale.layout", "ddp_weak: dpscale.plan.cluster", "ddp_weak: dpscale.plan.fingerprint"], mods
+
+
+def test_the_dated_names_check_sees_a_commit_and_a_session_and_not_a_checksum(tmp_path):
+    root = _tree_copy(tmp_path)
+    (root / "README.md").write_text("Run it.\n")
+    clean = dated_names(root)
+    torch_ddp = root / "src" / "dpscale" / "measure" / "torch_ddp.py"
+    torch_ddp.write_text(torch_ddp.read_text() + "\n# 2.5 s at 5a04905 (Session 42)\n")
+    (root / "rules" / "common.smk").write_text((root / "rules" / "common.smk").read_text()
+                                               + "# measured at commit 7aa3da0f on one H200\n")
+    (root / "scripts" / "resize.py").write_text((root / "scripts" / "resize.py").read_text()
+                                                + '# md5 "8d4fb7e6c68d591d4c3dfef9ec88bf0d", 1234567, deadbeef\n')
+    (root / "README.md").write_text("Run it (in session 3 at caf8e87).\n")
+    new = [f.split(": ", 1)[1] for f in dated_names(root) if f not in clean]
+    assert new == ["caf8e87", "session 3", "5a04905", "Session 42", "7aa3da0f"], new
 
 
 @dataclasses.dataclass
@@ -244,7 +301,8 @@ def test_the_report_digest_covers_what_the_report_imports():
     reaches by its imports: the registry and the statistics, no measurement code."""
     outside = set(provenance.report_modules())
     assert {"dpscale.registry", "dpscale.analysis.stats", "dpscale.results"} <= outside, outside
-    assert not any(m.startswith(("dpscale.measure", "dpscale.lab", "dpscale.run")) for m in outside), outside
+    assert not any(m.startswith(("dpscale.measure", "dpscale.lab", "dpscale.run", "dpscale.standin"))
+                   for m in outside), outside
 
 
 def digests_changed_by(tmp_path: Path, rel: str) -> set[str]:
@@ -262,10 +320,12 @@ def digests_changed_by(tmp_path: Path, rel: str) -> set[str]:
 
 
 def test_an_edit_reruns_exactly_the_experiments_that_run_the_module(tmp_path):
-    """The planner, the supervisor, the data stage's download and the lab: no experiment.
+    """The planner, the supervisor, the stand-in machines, the files' layout, the data
+    stage's download and the lab: no experiment.
     The DDP measurements' module: every torch experiment that imports it, nothing else
     (tests/test_workflow.py shows a changed digest is a planned rerun)."""
-    for rel in ("plan/cluster.py", "run/command.py", "data/fetch.py", "data/resize.py", "lab/tuned_probe.py"):
+    for rel in ("plan/cluster.py", "run/command.py", "standin/twonode.py", "layout.py", "data/fetch.py",
+                "data/resize.py", "lab/tuned_probe.py"):
         assert digests_changed_by(tmp_path, rel) == set(), rel
     runs_ddp = {e.name for e in registry.EXPERIMENTS.values() if "dpscale.measure.torch_ddp" in e.sources}
     assert runs_ddp >= {"ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "fsdp"}

@@ -7,13 +7,15 @@
     dpscale compare A B       machine B against machine A (kept folders), ratios with intervals
     dpscale export [DIR ...]  the tidy results table (results.csv) of kept machines
 
-`keep` copies what a later report needs to set this machine beside another:
-results/runs/, results/fingerprint.json, results/model/, results/data/*.json (the data's
-provenance: source.json, the caches' metadata), the plan the last report was
-built against (results/report/plan.json), the job, rank and Snakemake logs, and a
-report rebuilt with this machine named NAME. The copy is made beside the target and
-renamed into place, so an interrupted keep leaves no half reference. The next
-`snakemake report` draws reference/NAME/ beside this run, one colour per machine.
+`keep` copies what a later report needs to set this machine beside another (the
+layout: dpscale.layout): the results, the fingerprint, the model's FLOPs, the data's
+provenance (source.json, the caches' metadata), a per-layer profile where one was made,
+the plan the last report was built against, the job, rank and Snakemake logs, and a
+report rebuilt with this machine named NAME. A copied record names its paths relative
+to its run folder (an older one that named them absolute is rewritten so). The copy is
+made beside the target and renamed into place, so an interrupted keep leaves no half
+reference. The next `snakemake report` draws reference/NAME/ beside this run, one
+colour per machine.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dpscale import registry
+from dpscale import layout, registry
+from dpscale.results import portable
 from dpscale.report import book as bookmod
 
 NAME_OK = "letters, digits, '-', '_' and '.'"
@@ -41,12 +44,25 @@ interval, and its note says so; a note also names protocol keys that differ.
 example: dpscale compare reference/h200 reference/h200x2"""
 
 
-def _copy(src: Path, dest: Path) -> None:
+def _copy(src: Path, dest: Path, run_dir: Path) -> None:
+    """A file or folder, each JSON record in it with its paths relative to run_dir (the
+    run's working folder); one that already names them so is copied byte for byte."""
+    def one(s, d):
+        if str(s).endswith(".json"):
+            try:
+                obj = json.loads(Path(s).read_text())
+            except (OSError, ValueError):
+                obj = None
+            if obj is not None and (rel := portable(obj, run_dir)) != obj:
+                Path(d).write_text(json.dumps(rel, indent=2) + "\n")
+                shutil.copystat(s, d)
+                return d
+        return shutil.copy2(s, d)
     if src.is_dir():
-        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.tmp", "*.ranks"))
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.tmp", "*.ranks"), copy_function=one)
     elif src.exists():
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dest)
+        one(src, dest)
 
 
 def name_left_out(command: str, machines) -> None:
@@ -59,15 +75,16 @@ def name_left_out(command: str, machines) -> None:
               "as measured is left out:", *lines, sep="\n", file=sys.stderr)
 
 
-def unsound_kept(results: Path) -> list[str]:
+def unsound_kept(run) -> list[str]:
     """Why the results a report was built from cannot be kept as they are: one line per
-    planned result that is not sound now or differs from what the report read."""
+    planned result that is not sound now or differs from what the report read (run: the
+    working folder, dpscale.layout.working)."""
     from dpscale.results import audit
-    plan = json.loads((results / "report" / "plan.json").read_text())
+    plan = json.loads(run.plan.read_text())
     read = plan.get("read") or {}
     out = []
     for t in plan.get("targets", []):
-        a = audit(results / "runs" / t)
+        a = audit(run.runs / t)
         if a.state == "missing" and t not in read:
             continue   # planned, never written (the report shows it "not run")
         if not a.sound:
@@ -78,33 +95,30 @@ def unsound_kept(results: Path) -> list[str]:
 
 
 def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
-    results = workdir / "results"
-    plan = results / "report" / "plan.json"
-    for needed in (results / "runs", results / "fingerprint.json", plan):
+    run, kept = layout.working(workdir), layout.kept(to / name)
+    for needed in (run.runs, run.fingerprint, run.plan):
         if not needed.exists():
             raise SystemExit(f"dpscale keep: {needed} is missing; run `snakemake --cores 1 report` in {workdir} first")
-    if bad := unsound_kept(results):
+    if bad := unsound_kept(run):
         raise SystemExit("\n".join([f"dpscale keep: {len(bad)} result(s) are not the ones the report was built "
                                      "from; nothing kept. Run `snakemake --cores 1 report` first (it measures "
                                      "them again), then keep:"] + [f"  {b}" for b in bad]))
-    target = to / name
+    target = kept.root
     if target.exists() and not force:
         raise SystemExit(f"dpscale keep: {target} exists; choose another NAME or pass --force to replace it")
     to.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=to))
+    tmp = layout.kept(tempfile.mkdtemp(prefix=f".{name}.", dir=to))
     try:
-        for rel in ("runs", "fingerprint.json", "model", "roofline.json"):   # roofline.json: tools/lab/probe_roofline.py
-            _copy(results / rel, tmp / rel)
-        _copy(plan, tmp / "plan.json")
-        for meta in sorted((results / "data").glob("*.json")):   # where the data came from, which check passed
-            _copy(meta, tmp / "data" / meta.name)
-        _copy(workdir / "logs", tmp / "logs")
+        for attr in ("runs", "fingerprint", "model", "roofline", "plan", "logs"):
+            _copy(getattr(run, attr), getattr(tmp, attr), workdir)
+        for meta in sorted(run.data.glob("*.json")):   # where the data came from, which check passed
+            _copy(meta, tmp.data / meta.name, workdir)
         for log in sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log")):
-            _copy(log, tmp / "logs" / "snakemake" / log.name)
+            _copy(log, tmp.logs / "snakemake" / log.name, workdir)
         # The report is built where it will live: the paths it names are the kept ones.
         # The machine it replaces waits aside until the build succeeds, then goes.
         old = target.rename(to / f".{name}.replaced") if target.exists() else None
-        tmp.rename(target)
+        tmp.root.rename(target)
         try:
             _report_of_kept(target, name, to)
         except BaseException:
@@ -115,15 +129,16 @@ def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp.root, ignore_errors=True)
     return target
 
 
 def _report_of_kept(folder: Path, name: str, to: Path) -> None:
     from dpscale.report import build   # matplotlib: only now
-    plan_info = json.loads((folder / "plan.json").read_text())
-    build(folder / "runs", folder / "fingerprint.json", folder / "report", name=name, references=[to],
-          targets=[str(folder / "runs" / t) for t in plan_info["targets"]], plan_info=plan_info,
+    kept = layout.kept(folder)
+    plan_info = json.loads(kept.plan.read_text())
+    build(kept.runs, kept.fingerprint, kept.report, name=name, references=[to],
+          targets=[str(kept.runs / t) for t in plan_info["targets"]], plan_info=plan_info,
           book_path=bookmod.PATH)
 
 
@@ -159,7 +174,7 @@ def forecast(a) -> int:
         print(fcr.fabric_check_text(a.fabric_check, json_path=a.json))
         return 0
     dirs = a.dirs or reference_folders([ROOT / "reference"])
-    bad = [d for d in dirs if not (Path(d) / "runs").is_dir()]
+    bad = [d for d in dirs if not layout.kept(d).has_results()]
     if bad:
         raise SystemExit(f"dpscale forecast: {bad[0]} has no runs/ folder; pass a folder kept by `dpscale keep` "
                          "(reference/NAME) or a run's results/")
@@ -205,7 +220,7 @@ def export(dirs: list[Path], to: str) -> int:
         if not d.is_dir():
             raise SystemExit(f"dpscale export: {d} is not a folder; name a kept machine (reference/NAME) "
                              "or a folder of them (reference)")
-        found = [d] if (d / "runs").is_dir() else machines.reference_folders([d])
+        found = [d] if layout.kept(d).has_results() else machines.reference_folders([d])
         if not found:
             raise SystemExit(f"dpscale export: {d} holds no kept machine (no runs/ in it or in its "
                              "sub-folders); keep one with `dpscale keep NAME`")

@@ -39,8 +39,8 @@ class Variant:
     # loop, FSDP; the tuned step that time to accuracy trains with): an ablation, or an
     # alternative (another LR rule, precision, or the book's loop under strong scaling).
     # Planned only where the config's `extended` is true (default false: at paper each
-    # costs 1.5 to 7 minutes of one GPU, at smoke the seven of them were 169 s of a 2-core
-    # box's 641: README, "What the whole DAG costs").
+    # costs minutes of one GPU, and at smoke they were a quarter of the 2-core quick
+    # start: docs/measurements/quickstart-cost_cpu2_2026-12-03.md).
     extended: bool = False
     nccl_only: bool = False                    # a setting of NCCL itself: skipped on gloo
     env: Mapping[str, str] = field(default_factory=dict)
@@ -96,8 +96,9 @@ SEED = Variant("seed", "the book's DataLoader (PIL resize per image, per epoch)"
 CACHED = Variant("cached", "resize cache resident on the device", input="cache")
 # The tuned DDP series: each option is on because it measured faster alone, and off
 # (gradient_as_bucket_view, static_graph, the direct stem, Triton BN statistics) because
-# it did not (README, "Where the tuned step's time goes"). cuda_graph: the compiled step
-# is host-bound on a 16-core H200 box, so the whole step is replayed as one graph.
+# it did not (docs/measurements/tuned-step_h200_2026-11-29.md, tuned-step_h200_2026-12-01.md).
+# cuda_graph: the compiled step is host-bound on a 16-core H200 box, so the whole step
+# is replayed as one graph.
 TORCH_TUNED = Variant(
     "tuned", "bf16, channels_last, torch.compile, fused SGD, one CUDA graph per step", tuned=True, input="cache",
     options=MappingProxyType({"precision": "bf16", "channels_last": True, "compile": True,
@@ -106,7 +107,8 @@ TORCH_TUNED = Variant(
                               "stem": "im2col", "projection": "slice_matmul", "cancelled_bias": "drop"}))
 # fp16, because on sm_90 cuDNN fuses BatchNorm's statistics into the convolution in fp16
 # only (dpscale.model.fused_convbn); everything else as the tuned series. bn1's backward
-# sums in conv2's dgrad as well measured slower and live in the lab (README, "The fp16 series").
+# sums in conv2's dgrad as well measured slower and live in the lab
+# (docs/measurements/tuned-fp16_h200_2026-12-02.md).
 TORCH_TUNED_FP16 = Variant(
     "tuned_fp16", "fp16 with dynamic loss scaling, BN statistics in the conv's epilogue (cuDNN graph), else as tuned",
     tuned=True, requires=("gpu", "cudnn_frontend"), input="cache", extended=True,
@@ -169,7 +171,8 @@ def curve_k(ks: list[int]) -> list[int]:
     """Every k, where ks asks for a curve (some k >= 2, measured or skipped): strong
     scaling splits one global batch over k, so with ks = [1] nothing is split and its
     lone point is the weak series' loop at twice the batch, which only the strong
-    forecast's compute line reads (3 launches: 139 s of one H200's 19 min 22 s)."""
+    forecast's compute line reads, at the cost of minutes of a GPU
+    (docs/measurements/readme-run_h200_2026-12-03.md)."""
     return every_k(ks) if max(ks, default=1) >= 2 else []
 
 

@@ -21,6 +21,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +34,11 @@ STATUSES = ("ok", "hung", "failed", "skipped")
 REQUIRED = ("experiment", "variant", "k", "status", "metrics", "config",
             "fingerprint", "backend", "started_utc", "finished_utc")
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "result.schema.yaml"
-RUNS = "results/runs"
 
 
 def job_label(experiment: str, variant: str, k) -> str:
-    """"ddp_weak/cached/k2": how a job is named in logs, reasons and plans."""
+    """"ddp_weak/cached/k2": how a job is named in logs, reasons and plans (and where
+    its files are: dpscale.layout)."""
     return f"{experiment}/{variant}/k{k}"
 
 
@@ -45,12 +46,6 @@ def label_of(path: str | os.PathLike) -> str:
     """"results/runs/ddp_weak/cached/k2.json" (any root) -> "ddp_weak/cached/k2"."""
     p = Path(path)
     return f"{p.parent.parent.name}/{p.parent.name}/{p.name.removesuffix('.json')}"
-
-
-def result_path(experiment: str, variant: str, k, root: str = RUNS) -> str:
-    """Where a measurement's result lives (k may be a wildcard, "{k}"): the one place
-    the layout <root>/<experiment>/<variant>/k<k>.json is written down."""
-    return f"{root}/{job_label(experiment, variant, k)}.json"
 
 
 def utc_now() -> str:
@@ -92,6 +87,59 @@ def _jsonable(x: Any) -> Any:
     raise TypeError(f"not JSON-serialisable: {type(x).__name__}")
 
 
+# ---------------------------------------------------------------- paths in a record
+# A record (a result, plan.json, the data's provenance, the stand-in's link.json) names
+# a path inside its run folder relative to it, the user's home as ~, and the project's
+# checkout relative to the run folder: it reads the same wherever the folder is moved or
+# kept, and holds nothing of the machine that wrote it. The run folder is the working
+# directory of the process that writes the record: Snakemake's, or the stand-in's
+# output folder, which it enters before it runs a job. A reader resolves a path against
+# the folder it reads (dpscale.layout.Folder.resolve).
+
+# An absolute path inside a string: at its start, or after a space, a quote, '=' or '('.
+_ABSOLUTE = re.compile(r"(?:^|(?<=[\s'\"=(,]))(/[^\s'\",;)]*)")
+# What a user typed, kept as typed: rewriting it would change what it says, since its
+# paths are relative to wherever it was typed.
+TYPED = ("command",)
+
+
+def _inside(path: str, base: str) -> bool:
+    return base != "/" and (path == base or path.startswith(base.rstrip("/") + "/"))
+
+
+def relative(path: str | os.PathLike, run_dir: str | os.PathLike | None = None) -> str:
+    """`path` as a record names it: relative to the run folder when inside it ("." for
+    the folder itself) or inside the project's checkout (os.path.relpath: "../.." where
+    the checkout lies outside the run folder), "~/..." inside the user's home, else as
+    given (a system location: /usr/..., /dev/...)."""
+    text = os.fspath(path)
+    if not os.path.isabs(text):
+        return text
+    run = os.path.abspath(run_dir if run_dir is not None else os.getcwd())
+    norm = os.path.normpath(text)
+    for base in dict.fromkeys((run, os.path.realpath(run), str(provenance.ROOT))):
+        if _inside(norm, base):
+            return os.path.relpath(norm, base if base != str(provenance.ROOT) else run)
+    home = os.path.expanduser("~")
+    for base in dict.fromkeys((home, os.path.realpath(home))):
+        if _inside(norm, base):
+            return "~/" + os.path.relpath(norm, base)
+    return text
+
+
+def portable(obj, run_dir: str | os.PathLike | None = None):
+    """A copy of a record (dicts, lists, strings) with every absolute path in it, alone
+    or inside a command line, written as `relative` writes it; numbers and what a user
+    typed (TYPED keys) untouched."""
+    if isinstance(obj, dict):
+        return {k: v if k in TYPED else portable(v, run_dir) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(portable(v, run_dir) for v in obj)
+    if isinstance(obj, str) and "/" in obj:
+        return _ABSOLUTE.sub(lambda m: relative(m.group(1), run_dir), obj)
+    return obj
+
+
 def make_result(*, experiment: str, variant: str, k: int, status: str,
                 metrics: dict | None = None, config: dict | None = None,
                 fingerprint: dict | None = None, backend: str, reason: str | None = None,
@@ -110,6 +158,7 @@ def make_result(*, experiment: str, variant: str, k: int, status: str,
         "started_utc": started_utc or utc_now(), "finished_utc": utc_now(),
     }
     out.update(extra)
+    out = portable(out)   # its paths relative to the run folder
     check_schema(json.loads(json.dumps(out, default=_jsonable)), job_label(experiment, variant, k))
     return out
 

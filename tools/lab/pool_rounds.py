@@ -1,5 +1,5 @@
 """Pool rounds of one stand-in protocol into one results folder the forecast reads
-(dpscale.run.rounds says how and why):
+(dpscale.standin.rounds says how and why):
 
     python tools/lab/pool_rounds.py OUT ROUND1/results ROUND2/results ...
 
@@ -11,27 +11,29 @@ import shutil
 import sys
 from pathlib import Path
 
+from dpscale import layout
 from dpscale.results import save, write_json_atomic
-from dpscale.run import rounds as dsrounds
+from dpscale.standin import rounds as dsrounds
 
 
 def main(out: Path, rounds: list[Path]) -> None:
     if out.exists():
         sys.exit(f"pool_rounds: {out} exists; give a new folder")
-    (out / "runs").mkdir(parents=True)
-    for name in ("fingerprint.json", "data"):
-        src = rounds[0] / name
+    pooled, kept = layout.kept(out), [layout.kept(r) for r in rounds]   # ROUND/results: flat, as a kept machine
+    pooled.runs.mkdir(parents=True)
+    for name in ("fingerprint", "data"):
+        src = getattr(kept[0], name)
         if src.exists():
-            (shutil.copytree if src.is_dir() else shutil.copy)(src, out / name)
-    for rel in sorted({p.relative_to(r / "runs") for r in rounds for p in (r / "runs").glob("*/*/k*.json")}):
-        got = [(json.loads((r / "runs" / rel).read_text()), str(r)) for r in rounds if (r / "runs" / rel).exists()]
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, getattr(pooled, name))
+    for rel in sorted({p.relative_to(r.runs) for r in kept for p in r.runs.glob(layout.RESULT_GLOB)}):
+        got = [(json.loads((r.runs / rel).read_text()), str(r.root)) for r in kept if (r.runs / rel).exists()]
         got = [(res, name) for res, name in got if res.get("status") == "ok"]
         if got:
-            save(out / "runs" / rel, dsrounds.pool([g[0] for g in got], [g[1] for g in got]))
+            save(pooled.runs / rel, dsrounds.pool([g[0] for g in got], [g[1] for g in got]))
             print(rel, f"{len(got)} round(s)")
-    targets = sorted(str(p.relative_to(out / "runs")) for p in (out / "runs").glob("*/*/k*.json"))
+    targets = sorted(str(p.relative_to(pooled.runs)) for p in pooled.runs.glob(layout.RESULT_GLOB))
     # the report reads a kept machine's plan: without one it warns that the plan is unknown
-    write_json_atomic(out / "plan.json", {"targets": targets, "planned": len(targets),
+    write_json_atomic(pooled.plan, {"targets": targets, "planned": len(targets),
                                          "command": f"tools/lab/pool_rounds.py over {len(rounds)} round(s)",
                                          "pooled_from": [str(r) for r in rounds]})
 

@@ -1,5 +1,5 @@
 """The paired no_sync() probe's statistics, from its trial times alone (pure: the probe
-in dpscale.measure.torch_comm measures them, dpscale.run.rounds pools rounds of them).
+in dpscale.measure.torch_comm measures them, dpscale.standin.rounds pools rounds of them).
 """
 from __future__ import annotations
 

@@ -37,7 +37,8 @@ def interval(xs: list[float], level: float = LEVEL, covers: str = "") -> dict:
            "ci_lo": None, "ci_hi": None, "cv": None, "level": level, "covers": covers}
     if n >= 2:
         # Student's t quantile: scipy.special.stdtrit is what scipy.stats.t.ppf evaluates;
-        # called directly, a throughput launch's worker does not load scipy.stats (~1 s)
+        # called directly, a throughput launch's worker does not load scipy.stats, whose
+        # import is a visible part of a launch (docs/measurements/launch-cost_h200_2026-12-03.md)
         from scipy.special import stdtrit
         sd = statistics.stdev(xs)
         half = float(stdtrit(n - 1, 0.5 + level / 2)) * sd / math.sqrt(n)

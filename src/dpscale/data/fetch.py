@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from dpscale.data.load import SPLITS, DataError, raw_dir, sha256
-from dpscale.results import utc_now, write_atomic, write_json_atomic
+from dpscale.results import portable, utc_now, write_atomic, write_json_atomic
 
 log = logging.getLogger("dpscale.data")
 CLASSES = 10
@@ -297,6 +297,7 @@ def fetch(root, source: str, mirrors: list[str], local_dir=None, retries: int = 
     prov["files"] = {name: {"md5": md5(raw_dir(root) / name), "published_md5": digest,
                             "unpacked_sha256": sha256((raw_dir(root) / name).with_suffix(""))}
                      for name, digest in resources}
+    prov = portable(prov)   # a folder of the run's (data.local_dir: .fmnist) named relative to it
     write_json_atomic(root / "source.json", prov)
     return prov
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dpscale.data.fetch import read_idx
 from dpscale.data.load import SPLITS, raw_dir, sha256, verify_raw
-from dpscale.results import utc_now, write_atomic, write_json_atomic
+from dpscale.results import portable, utc_now, write_atomic, write_json_atomic
 
 
 def resize_split(images: np.ndarray, size: int) -> np.ndarray:
@@ -18,8 +18,8 @@ def resize_split(images: np.ndarray, size: int) -> np.ndarray:
 
     Written as the PIL call that Resize makes for a PIL image (the shorter side to
     `size`, the longer truncated in proportion; Image.resize, bilinear, which PIL
-    antialiases), not through transforms.Resize: importing torchvision and its
-    per-call checks were 3-6 s of the data stage's 17 (one H200, 70,000 images)."""
+    antialiases), not through transforms.Resize: importing torchvision and its per-call
+    checks were a large part of the data stage (docs/measurements/readme-run_h200_2026-12-03.md)."""
     import numpy as np
     from PIL import Image
     h, w = images.shape[1:]
@@ -54,5 +54,6 @@ def write_cache(arrays: dict, prov: dict, out_npz, out_json) -> dict:
             "bytes": Path(out_npz).stat().st_size,
             "n_train": len(arrays["train_y"]), "n_test": len(arrays["test_y"]),
             "source": prov["source"], "origin": prov.get("origin"), "created_utc": utc_now()}
+    meta = portable(meta)   # an origin recorded before source.json named it relative
     write_json_atomic(out_json, meta)
     return meta

@@ -10,7 +10,7 @@ pass over dL/da and y. Here one cuDNN graph does all of it: conv_dgrad, then ReL
 backward against t recomputed from y in the epilogue, then the two sums
 (`dpscale::dgrad_drelu_dbn`). Alone, against the dgrad plus a compiled pass, it is
 faster; in the model it loses, because inductor had already folded part of that work
-into passes it needs anyway (README, "The fp16 series"). So it lives here, applied by
+into passes it needs anyway (docs/measurements/tuned-fp16_h200_2026-12-02.md). So it lives here, applied by
 the probes (dpscale.lab.model_options), and no pipeline variant selects it.
 
 The pieces:

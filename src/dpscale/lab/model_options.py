@@ -1,7 +1,7 @@
 """Model options that no pipeline variant selects, measured and kept for the probes:
 the stem as nine fused multiply-adds (`stem: direct`) and bn1's backward sums in
 conv2's dgrad (`convbn: cudnn_genstats_dbn`, dpscale.lab.fused_dbn). Both were slower
-(README, "Where the tuned step's time goes" and "The fp16 series"). A probe applies
+(docs/measurements/: tuned-step_h200_2026-12-01.md and tuned-fp16_h200_2026-12-02.md). A probe applies
 them on top of dpscale.model.tuned_model, so neither sits in a measurement's digest.
 """
 from __future__ import annotations

@@ -41,7 +41,7 @@ VARIANTS = {"base": {}, "all": WINS, "stem_im2col": {"stem": "im2col"},
             # make the step faster than this, so it shows whether one can reach a target.
             "fp16_nobn": {**FP16, "no_batchnorm": True}, "nobn": {**WINS, "no_batchnorm": True}}
 # BatchNorm's statistics in one Triton pass (dpscale.lab.triton_bn) measured slower than
-# base (README, "Where the tuned step's time goes"): off, and no longer a tuned option.
+# base (docs/measurements/tuned-step_h200_2026-12-01.md): off, and no longer a tuned option.
 LOSS_CHECK_STEPS = 20
 LOSS_REL_TOL = 0.05   # bf16, other kernels: early losses agree to ~1e-2; a wrong model is off by O(1)
 

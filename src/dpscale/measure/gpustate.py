@@ -36,12 +36,12 @@ import time
 # Reasons that mean the device ran slower than it could while busy.
 SLOWDOWNS = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
                        "hw_power_brake_slowdown", "board_limit", "reliability"})
-# The power cap is where a busy H200 lives, at full clock or not (README, "Launches, and
-# the GPU's state during a timing": at 99% of the clock in an fp32 run, at 87% in the
-# tuned bf16 step). Only the second is a slowdown worth a flag, so the power cap flags
-# only when the SM clock at that sample was under this fraction of its maximum (5% of
-# clock moves a compute-bound number past the launch-to-launch spread). The thermal,
-# hardware and power-brake slowdowns always flag.
+# The power cap is where a busy H200 lives, at full clock or not (near full clock in an
+# fp32 run, well under it in the tuned bf16 step: docs/measurements/
+# gpu-state-power-cap_h200_2026-12-02.md). Only the second is a slowdown worth a flag,
+# so the power cap flags only when the SM clock at that sample was under this fraction
+# of its maximum (5% of clock moves a compute-bound number past the launch-to-launch
+# spread). The thermal, hardware and power-brake slowdowns always flag.
 POWER_CAP_CLOCK_FRACTION = 0.95
 CLOCK_CHECKED = frozenset({"sw_power_cap"})
 

@@ -23,7 +23,7 @@ def pure_resident_step(graphdef, treedef):
     """resident_step for the tuned series: jax.jit over a flat list of the state's
     arrays instead of nnx.jit over the objects. nnx.jit walks the model graph in
     Python at every call: that hides behind the float32 step while the host runs ahead,
-    but not behind the bf16 one (README, "Where the tuned step's time goes"). The old
+    but not behind the bf16 one (docs/measurements/tuned-step_h200_2026-11-29.md). The old
     parameter buffers are donated to the new ones."""
     @functools.partial(jax.jit, donate_argnums=0)
     def step(leaves, xs, ys, i):

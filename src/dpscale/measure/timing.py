@@ -40,9 +40,9 @@ def summary(values_ms: list[float]) -> dict:
 def warmup_plan(proto: dict) -> list[int | None]:
     """The passes before the timed epochs, as each pass's steps (None: one whole epoch):
     the book's epochs-1 warm-up epochs, or, where the protocol sets warmup_steps, that
-    many steps in one pass. An epoch of the book's fp32 loop is ~11 s on an H200 and the
-    tuned step is steady after its compile and capture (~20 steps), so a whole warm-up
-    epoch per launch mostly waits (README, "What a run cost")."""
+    many steps in one pass. The tuned step is steady after its compile and capture, a
+    few tens of steps, long before the book's fp32 epoch ends, so a whole warm-up epoch
+    per launch mostly waits (docs/measurements/launch-cost_h200_2026-12-03.md)."""
     n = proto.get("warmup_steps")
     return [None] * (proto["epochs"] - 1) if n is None else [int(n)]
 

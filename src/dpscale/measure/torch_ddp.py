@@ -43,7 +43,7 @@ def build_ddp(ctx: Ctx, tuned: bool = False, model_apply=tuned_model.apply, **dd
         # Compiled inside DDP, not torch.compile(DDP(model)): dynamo graph-breaks in
         # DDP.forward (its Logger, the skipped _inside_ddp_forward) and then traced each
         # Residual as its own frame, recompiled per width with dynamic channel counts,
-        # while the stem, pool and head ran eagerly (README, "Where the tuned step's time goes").
+        # while the stem, pool and head ran eagerly (docs/measurements/tuned-step_h200_2026-11-29.md).
         # Compiled inside, the model is one graph, and dynamo still sees the active DDP
         # module, so its DDPOptimizer splits that graph at the bucket boundaries: the
         # all-reduce of a bucket still overlaps the rest of the backward.
@@ -119,7 +119,7 @@ class GraphedStep:
     fused SGD update) captured once as one CUDA graph, then replayed for every batch.
 
     Why: the compiled step is ~300 kernel launches through Python, and issuing them
-    took longer than the GPU work (README, "Where the tuned step's time goes"), so the
+    took longer than the GPU work (docs/measurements/tuned-step_h200_2026-11-29.md), so the
     GPU idled. A replay is one launch. The recipe is PyTorch's whole-network
     capture ("CUDA semantics", Usage with DistributedDataParallel): DDP built on a
     side stream, at least 11 eager DDP iterations on that stream, the capture on it too,
@@ -238,7 +238,8 @@ def warmup_batches(batches_for_epoch, i: int, steps: int | None, tail: int = 0):
     epoch i again where one epoch has fewer, then a batch of `tail` samples: an epoch
     whose last batch is short (the book's DataLoader keeps it: 60,000 = 234 x 256 + 96)
     meets a new shape there, and cudnn.benchmark autotunes every convolution for it.
-    Left to the first timed epoch, that autotuning cost 2.5 s of its 11.5 on an H200."""
+    Left to the first timed epoch, that autotuning was timed as training
+    (docs/measurements/launch-cost_h200_2026-12-03.md)."""
     if steps is None:
         yield from batches_for_epoch(i)
         return

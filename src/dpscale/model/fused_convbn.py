@@ -5,8 +5,8 @@ cuDNN's Python frontend (`nvidia-cudnn-frontend`, the `cudnn` extra), in fp16 NH
 Why by hand: no well-kept library exposes this. torch's cuDNN binding has no graph API,
 inductor treats cuDNN convolutions as opaque and reduces BatchNorm's statistics in a
 pass of its own (a read of every BN input), and on sm_90 cuDNN 9.19 offers the fused
-engine in fp16 only (bf16: CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH; measured in
-../shared/reference/h200-roofline.md), hence fp16 with dynamic loss scaling, as MLPerf's
+engine in fp16 only (bf16: CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH;
+docs/measurements/tuned-fp16_h200_2026-12-02.md), hence fp16 with dynamic loss scaling, as MLPerf's
 ResNet does.
 
 The pieces:

@@ -3,9 +3,10 @@ leave the function it computes unchanged (tests/test_tuned_model.py shows it).
 
 Each is a tuned option, switchable alone (registry.TORCH_TUNED; off by default):
   stem            "conv" | "im2col"
-      The 1 -> 64, 3x3 stem runs at 5-8 TFLOP/s in cuDNN (0.6 ms a step for 0.07% of the
-      FLOPs): a 1-channel input gives cuDNN's implicit GEMM a reduction of only 9. Its
-      bound is the output's write, 31 us at batch 256.
+      The 1 -> 64, 3x3 stem runs far below the tensor cores' rate in cuDNN, a visible
+      share of the step for a tiny share of the FLOPs: a 1-channel input gives cuDNN's
+      implicit GEMM a reduction of only 9. Its bound is the output's write
+      (docs/measurements/tuned-step_h200_2026-12-01.md).
       im2col: with one input channel the im2col matrix is the 9 shifted views of the
       padded image, stacked last: [N, H, W, 9], padded to 16 taps (bf16 tensor-core
       GEMMs want 16-byte rows; 9 x 2 bytes is not). One GEMM [N*H*W, 16] @ [16, 64] then
@@ -13,7 +14,8 @@ Each is a tuned option, switchable alone (registry.TORCH_TUNED; off by default):
       transpose. The patches cost 1/4 of the output's bytes, written and read once.
       (The stem as 9 fused multiply-adds measured slower: dpscale.lab.model_options.)
   projection      "conv" | "slice_matmul"
-      The 1x1 stride-2 shortcut convolutions run at 60-180 TFLOP/s. As x[:, :, ::2, ::2]
+      The 1x1 stride-2 shortcut convolutions run well under the matmul peak (the same
+      report). As x[:, :, ::2, ::2]
       followed by a matmul over the channels they are, in channels_last, a plain GEMM
       [N*H/2*W/2, Cin] @ [Cin, Cout] whose rows are the output's channels_last layout.
   cancelled_bias  "keep" | "drop"

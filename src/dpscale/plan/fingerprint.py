@@ -14,6 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from dpscale.layout import FINGERPRINT_PATH
 from dpscale.results import write_atomic
 
 PACKAGES = ("torch", "torchvision", "jax", "jaxlib", "flax", "optax", "numpy")
@@ -129,13 +130,13 @@ def load(path: str | os.PathLike) -> dict:
         fp = json.loads(path.read_text())
     except OSError as e:
         raise ValueError(f"hardware_file: cannot read {path}: {e.strerror}. "
-                         "Point hardware_file at a fingerprint JSON (results/fingerprint.json "
+                         f"Point hardware_file at a fingerprint JSON ({FINGERPRINT_PATH} "
                          "from the target machine) or set it to null to probe this machine.") from e
     except json.JSONDecodeError as e:
         raise ValueError(f"hardware_file: {path} is not valid JSON ({e})") from e
     if not isinstance(fp, dict) or "gpu_count" not in fp:
         raise ValueError(f"hardware_file: {path} has no 'gpu_count'; it must hold a fingerprint "
-                         "as written to results/fingerprint.json")
+                         f"as written to {FINGERPRINT_PATH}")
     for key, least in COUNTS.items():
         v = fp.get(key)
         if (key == "gpu_count" or v is not None) and (isinstance(v, bool) or not isinstance(v, int) or v < least):

@@ -8,12 +8,12 @@ Parse-time light: no torch, no jax.
 """
 from __future__ import annotations
 
-from dpscale import provenance, registry, results
+from dpscale import layout, provenance, registry, results
 from dpscale.data.load import SPLITS
 from dpscale.plan import cluster as dscluster, specs
 
-DATA = "results/data"
-FLOPS = "results/model/flops_{size}px.json"
+DATA = layout.DATA
+FLOPS = f"{layout.MODEL}/flops_{{size}}px.json"
 RAW = [f"{DATA}/FashionMNIST/raw/{name}" for images, labels, _n in SPLITS.values() for name in (images, labels)]
 
 
@@ -31,7 +31,7 @@ def rule_inputs(exp: registry.Experiment, protocol: dict) -> dict:
     files = input_files(protocol)
     out = {name: files[name] for name in exp.inputs}
     for need in exp.needs:
-        out[need.experiment] = results.result_path(need.experiment, need.variant, need.k)
+        out[need.experiment] = layout.result_path(need.experiment, need.variant, need.k)
     return out
 
 
@@ -44,7 +44,7 @@ def job_inputs(exp: registry.Experiment, protocol: dict) -> dict:
     if "flops" in exp.inputs:
         out["flops"] = files["flops"]
     for need in exp.needs:
-        out[need.experiment] = {str(need.k): results.result_path(need.experiment, need.variant, need.k)}
+        out[need.experiment] = {str(need.k): layout.result_path(need.experiment, need.variant, need.k)}
     return out
 
 
@@ -76,7 +76,7 @@ def retry_of(exp: registry.Experiment, replan=None):
     # Checked with Snakemake 9.27: tests/test_isolation.py's crash test dry-runs
     # exactly the failed job after the failure, and nothing after its retry.
     def retry(wildcards) -> str:
-        path = results.result_path(exp.name, wildcards.variant, wildcards.k)
+        path = layout.result_path(exp.name, wildcards.variant, wildcards.k)
         n = replan.attempts(path) if replan is not None else results.failed_attempts(path)
         return f"failed attempts: {n}"
     return retry

@@ -31,9 +31,9 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from dpscale import results
+from dpscale import layout, results
 
-REPORT_PLAN = "results/report/plan.json"
+REPORT_PLAN = str(layout.working().plan)   # the last report's plan: results/report/plan.json
 
 
 def last_report_read(plan_path: str | Path = REPORT_PLAN) -> set[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from dpscale.plan import cluster as dscluster, fingerprint as fpmod
-from dpscale import registry, results
+from dpscale import layout, registry
 
 PG_MARGIN_S = 10
 
@@ -43,8 +43,8 @@ def planned(resolved: dict) -> list[tuple[str, str, int]]:
     return out
 
 
-def targets(resolved: dict, root: str = results.RUNS) -> list[str]:
-    return [results.result_path(e, v, k, root) for e, v, k in planned(resolved)]
+def targets(resolved: dict, root: str = layout.RUNS) -> list[str]:
+    return [layout.result_path(e, v, k, root) for e, v, k in planned(resolved)]
 
 
 LONE_K1 = "a lone k=1 gives no ratio"   # how the summary finds these skips (report.summary)

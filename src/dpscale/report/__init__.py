@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpscale import provenance
-from dpscale.results import audit, job_label, write_json_atomic
+from dpscale import layout, provenance
+from dpscale.results import audit, job_label, portable, write_json_atomic
 from dpscale.report import book as bookmod, forecast, render
 from dpscale.report.chapters import CHAPTERS, csv_tables, figure_specs
 from dpscale.report.chapters.common import prose
@@ -56,10 +56,10 @@ def load(runs_dir, fingerprint_path, targets=None, references=(), book_path=None
         current = load_planned(runs_dir, fingerprint_path, targets, label=name, plan_info=plan_info)
     else:
         current = load_found(runs_dir, fingerprint_path, label=name)
-    current.profile = kept_profile(Path(runs_dir).parent)   # a kept machine's, rebuilt from its folder
-    current.alerts += refused_data(Path(runs_dir).parent)
+    current.profile = kept_profile(layout.of_runs(runs_dir))   # a kept machine's, rebuilt from its folder
+    current.alerts += refused_data(layout.of_runs(runs_dir))
     same = Path(runs_dir).resolve()
-    folders = [f for f in reference_folders(references) if (f / "runs").resolve() != same and f.name != name]
+    folders = [f for f in reference_folders(references) if layout.kept(f).runs.resolve() != same and f.name != name]
     refs, notes = with_references(current, folders)
     book = bookmod.load(book_path)
     machines = [current] + refs + ([book] if book else [])
@@ -83,7 +83,7 @@ def build(runs_dir, fingerprint_path, out_dir, *, targets=None, references=(), b
     from dpscale.report import tidy   # pandas: only here, never when the workflow is parsed
     from dpscale.report.chapters.tta import tidy_rows
     tidy.write(data.measured, out / "results.csv", tidy_rows(data))
-    write_json_atomic(out / "plan.json", plan_record(data))
+    write_json_atomic(out / layout.PLAN, plan_record(data))
     forecast.write(out / "forecast.json", forecast.compute(data))
     from dpscale.report import summary
     summary.write(out / "summary.txt", summary.text(data, out / "report.html"))   # what the run prints last
@@ -100,9 +100,9 @@ def plan_record(data: ReportData) -> dict:
     # what the report read: the closing lines print its summary only while these still hold
     read = {f"{job_label(*key)}.json": r["digest"]["sha256"] for key, r in sorted(m.results.items())
             if isinstance(r.get("digest"), dict)}
-    return {"targets": targets, "planned": len(targets), "counts": m.counts(), "read": read,
-            **{k: v for k, v in data.build.items() if k in ("command", "config_hash", "resolved", "code",
-                                                             "built_utc")}}
+    return portable({"targets": targets, "planned": len(targets), "counts": m.counts(), "read": read,
+                     **{k: v for k, v in data.build.items()
+                        if k in ("command", "config_hash", "resolved", "code", "built_utc")}})
 
 
 __all__ = ["CHAPTERS", "Refused", "build", "check_targets", "load"]

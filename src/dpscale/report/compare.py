@@ -11,15 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dpscale import layout
 from dpscale.report.machines import Machine, load_found
 from dpscale.report.numbers import fmt_num, metric, ok, ratio, samples
 
 # metric -> unit; each compared as its per-launch samples, else its repeats, else its one number
 METRICS = {"samples_per_s": "samples/s", "busbw_GBps_64MiB": "GB/s", "avg_busbw_GBps": "GB/s"}
 # Protocol keys that change the spread, not the number. warmup_steps: once warm, the first
-# timed epoch reads as the second (on the H200, within 0.4% for the seed's and the tuned
-# step's three launches each: README, "What a run cost"), whether the warm-up was the
-# book's epoch or 50 steps.
+# timed epoch reads as the second, whether the warm-up was the book's epoch or 50 steps
+# (docs/measurements/launch-cost_h200_2026-12-03.md).
 SAME_ANYWAY = ("repeats", "launches", "warmup_steps")
 COLUMNS = ["experiment", "variant", "k", "metric", "unit", "A", "B", "B/A", "ci_lo", "ci_hi", "n_A", "n_B",
            "covers", "note"]
@@ -27,17 +27,18 @@ COLUMNS = ["experiment", "variant", "k", "metric", "unit", "A", "B", "B/A", "ci_
 
 def load(folder: Path) -> Machine:
     """A kept machine folder (<dir>/runs/<experiment>/<variant>/k<k>.json), or one clear line."""
-    folder = Path(folder)
-    if not (folder / "runs").is_dir():
-        raise SystemExit(f"dpscale compare: {folder}/runs is missing; pass a folder kept by `dpscale keep` "
-                         "(layout <dir>/runs/<experiment>/<variant>/k<k>.json), e.g. reference/h200")
-    m = load_found(folder / "runs", folder / "fingerprint.json", key=folder.name, kind="reference",
-                   label=folder.name)
+    kept = layout.kept(folder)
+    if not kept.has_results():
+        raise SystemExit(f"dpscale compare: {kept.runs} is missing; pass a folder kept by `dpscale keep` "
+                         f"(layout {layout.result_path('<experiment>', '<variant>', '<k>', '<dir>/runs')}), "
+                         "e.g. reference/h200")
+    m = load_found(kept.runs, kept.fingerprint, key=kept.root.name, kind="reference", label=kept.root.name)
     if m.errors:   # a result that cannot be read as measured is left out, and named
         import sys
-        print(f"dpscale compare: {folder}: left out:", *(f"  {e}" for e in m.errors), sep="\n", file=sys.stderr)
+        print(f"dpscale compare: {kept.root}: left out:", *(f"  {e}" for e in m.errors), sep="\n", file=sys.stderr)
     if not m.results:
-        raise SystemExit(f"dpscale compare: {folder}/runs holds no result <experiment>/<variant>/k<k>.json")
+        raise SystemExit(f"dpscale compare: {kept.runs} holds no result "
+                         f"{layout.job_label('<experiment>', '<variant>', '<k>')}.json")
     return m
 
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpscale import provenance, registry, results as contract
+from dpscale import layout, provenance, registry, results as contract
 
 NOT_RUN = "not run"
 STATUSES = contract.STATUSES + (NOT_RUN,)
@@ -179,13 +179,19 @@ def shown(path) -> str:
     return str(p)
 
 
-def _read(path: Path, errors: list) -> dict | None:
+def _read(path: Path, errors: list, folder: layout.Folder) -> dict | None:
+    """A result, its files (the job's log, ...) named where they are now in `folder`."""
     try:
         r = contract.load_result(path)
     except (ValueError, OSError) as e:
         errors.append(f"{shown(path)}: {e}")
         return None
     r["_path"] = shown(path)
+    for key in layout.PATH_FIELDS:
+        if isinstance(r.get(key), str):
+            r[key] = shown(folder.resolve(r[key]))
+        elif isinstance(r.get(key), list):
+            r[key] = [shown(folder.resolve(p)) if isinstance(p, str) else p for p in r[key]]
     return r
 
 
@@ -205,10 +211,10 @@ def load_planned(runs_dir, fingerprint_path, targets: list[str], *, key="current
     plan = [parse_target(t) for t in targets]
     reason = missing_reason or ("planned, but it left no result file: the job has not run "
                                 "(interrupted, or an input it needs failed)")
-    found = {}
+    found, folder = {}, layout.of_runs(runs_dir)
     for e, v, k in plan:
-        path = Path(contract.result_path(e, v, k, str(runs_dir)))
-        r = _read(path, errors) if path.exists() else None
+        path = Path(layout.result_path(e, v, k, str(runs_dir)))
+        r = _read(path, errors, folder) if path.exists() else None
         found[(e, v, k)] = r if r is not None else not_run((e, v, k), reason)
     return Machine(key=key, kind=kind, label=label, fingerprint=fp, results=found, plan=plan,
                    plan_info=plan_info or {}, source=shown(runs_dir), errors=errors)
@@ -218,9 +224,9 @@ def load_found(runs_dir, fingerprint_path, *, key="current", kind="current", lab
     """Every result file under runs_dir, when no plan is known."""
     errors: list = []
     fp = _fingerprint(fingerprint_path, errors)
-    found = {}
-    for p in sorted(Path(runs_dir).glob("*/*/k*.json")):
-        r = _read(p, errors)
+    found, folder = {}, layout.of_runs(runs_dir)
+    for p in sorted(Path(runs_dir).glob(layout.RESULT_GLOB)):
+        r = _read(p, errors, folder)
         if r is not None:
             found[(r["experiment"], r["variant"], int(r["k"]))] = r
     return Machine(key=key, kind=kind, label=label, fingerprint=fp, results=found, source=shown(runs_dir),
@@ -228,42 +234,41 @@ def load_found(runs_dir, fingerprint_path, *, key="current", kind="current", lab
 
 
 def load_reference(folder: Path) -> Machine:
-    """reference/<name>/: fingerprint.json, runs/, plan.json (what that run planned), and
-    roofline.json where one was kept (tools/lab/probe_roofline.py's per-layer profile)."""
-    m = _load_reference(Path(folder))
-    m.profile = kept_profile(Path(folder))
-    m.alerts += refused_data(Path(folder))
+    """A kept machine (dpscale.layout.kept): its fingerprint, runs/, plan.json (what that
+    run planned), and roofline.json where one was kept (tools/lab/probe_roofline.py's
+    per-layer profile)."""
+    m = _load_reference(layout.kept(folder))
+    m.profile = kept_profile(layout.kept(folder))
+    m.alerts += refused_data(layout.kept(folder))
     return m
 
 
-def kept_profile(folder: Path) -> dict | None:
-    """The per-layer profile kept with a machine's results (folder/roofline.json), if any."""
-    path = Path(folder) / "roofline.json"
-    return json.loads(path.read_text()) if path.exists() else None
+def kept_profile(folder: layout.Folder) -> dict | None:
+    """The per-layer profile kept with a machine's results (its roofline.json), if any."""
+    return json.loads(folder.roofline.read_text()) if folder.roofline.exists() else None
 
 
-def _load_reference(folder: Path) -> Machine:
-    plan_path = folder / "plan.json"
-    if plan_path.exists():
-        info = json.loads(plan_path.read_text())
-        m = load_planned(folder / "runs", folder / "fingerprint.json", info["targets"], key=folder.name,
-                         kind="reference", label=folder.name, plan_info=info,
-                         missing_reason=f"planned ({shown(plan_path)}), but no result was kept")
-        extra = load_found(folder / "runs", folder / "fingerprint.json")
+def _load_reference(folder: layout.Folder) -> Machine:
+    name = folder.root.name
+    if folder.plan.exists():
+        info = json.loads(folder.plan.read_text())
+        m = load_planned(folder.runs, folder.fingerprint, info["targets"], key=name,
+                         kind="reference", label=name, plan_info=info,
+                         missing_reason=f"planned ({shown(folder.plan)}), but no result was kept")
+        extra = load_found(folder.runs, folder.fingerprint)
         for k, r in extra.results.items():   # kept results outside the plan still count
             m.results.setdefault(k, r)
         return m
-    m = load_found(folder / "runs", folder / "fingerprint.json", key=folder.name, kind="reference",
-                   label=folder.name)
-    m.errors.append(f"{shown(plan_path)}: no plan recorded; the results found are shown as the plan")
+    m = load_found(folder.runs, folder.fingerprint, key=name, kind="reference", label=name)
+    m.errors.append(f"{shown(folder.plan)}: no plan recorded; the results found are shown as the plan")
     return m
 
 
-def refused_data(folder: Path) -> list[str]:
+def refused_data(folder: layout.Folder) -> list[str]:
     """The data copies the data stage refused before it found the one it used (its
     source.json's `rejected`: a truncated file, train and test swapped, ...), in words."""
     try:
-        prov = json.loads((Path(folder) / "data" / "source.json").read_text())
+        prov = json.loads((folder.data / "source.json").read_text())
     except (OSError, ValueError):
         return []
     used = prov.get("origin")
@@ -278,7 +283,7 @@ def reference_folders(dirs) -> list[Path]:
         d = Path(d)
         if d.is_dir():
             out += [p for p in sorted(d.iterdir()) if not p.name.startswith(".")   # a keep in progress
-                    and ((p / "runs").is_dir() or (p / "fingerprint.json").exists())]
+                    and layout.is_kept(p)]
     return out
 
 

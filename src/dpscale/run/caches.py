@@ -82,9 +82,10 @@ def later_launch(env: dict) -> dict:
     """The environment of a throughput point's second and later launches: the first filled
     the cache with every graph the point compiles, so inductor starts no pool of compile
     workers (TORCHINDUCTOR_COMPILE_THREADS=1). On a 16-core H200 box that pool's start and
-    shutdown cost a launch whose compiles all hit the cache ~5 s (tools/lab/profile_launch.sh,
-    README "Where a launch's time goes"). Unchanged where torch's cache is off (every launch
-    compiles) or the variable is set already (the user's choice)."""
+    shutdown were seconds of a launch whose compiles all hit the cache (tools/lab/
+    profile_launch.sh; docs/measurements/launch-cost_h200_2026-12-03.md). Unchanged where
+    torch's cache is off (every launch compiles) or the variable is set already (the
+    user's choice)."""
     if env.get("TORCHINDUCTOR_FX_GRAPH_CACHE") != "1" or "TORCHINDUCTOR_COMPILE_THREADS" in env:
         return env
     return {**env, "TORCHINDUCTOR_COMPILE_THREADS": "1"}

@@ -6,8 +6,9 @@ written: `torchrun --standalone --nproc-per-node=K`, or one JAX process that
 sees K devices. One process on one node (k=1; an emulated k on one device) runs
 the worker itself, with the variables torchrun would give its one rank
 (`single_rank_env`): torchrun's agent only starts, watches and tears down the
-ranks, which the watchdog does already, and it cost each launch 4-6 s of one
-H200's 20-50 (its interpreter, `import torch`, the rendezvous; the exit).
+ranks, which the watchdog does already, and it cost each launch seconds (its
+interpreter, `import torch`, the rendezvous; the exit) with no effect on the numbers
+(docs/measurements/: launch-cost_h200_2026-12-03.md, launcher-ab_h200_2026-12-03.md).
 
 Several nodes (k > gpus_per_node, up to cluster.nodes x gpus_per_node): the job
 spec carries `launch = {"nodes": N, "gpus_per_node": G}` and the watchdog, which

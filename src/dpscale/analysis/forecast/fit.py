@@ -244,9 +244,9 @@ def spread(s: Reading, scaling: str | None = None, below: int | None = None) -> 
     """The spread of one measured point's estimate (Rate.mean_cv: a mean over n replicates,
     cv / sqrt(n)): with `below`, of the point of `scaling` at the largest k' < below that
     has one (a measurement at k is noisier than k=1's where ranks side by side meet more of
-    the host's neighbours: the 16-core stand-in's launches had a cv of 1.1-6.1% at k=1 and
-    2.1-17.7% at k = 2, 4, 8 in session 41), else at k=1 (the weak point's, else the
-    strong's). Only the points it returns from are read (and logged)."""
+    the host's neighbours: the 16-core stand-in's launch spread grew with k; docs/measurements/,
+    the standin16-forecast reports), else at k=1 (the weak point's, else the strong's). Only
+    the points it returns from are read (and logged)."""
     if below is not None and scaling is not None:
         for x in sorted((x for x in s.rates(scaling) if x < below), reverse=True):
             cv = s.rates(scaling)[x].mean_cv()

@@ -36,7 +36,7 @@ def alone() -> bool:
     """No other Python thread in this process. Trap: threading.active_count() counts only
     threads started through `threading`; pytest-xdist's execnet starts its receiver with
     _thread.start_new_thread, and a fork beside it deadlocked a CI run's report fixture
-    for 15 minutes. sys._current_frames() has a frame for every thread running Python."""
+    until the run's timeout. sys._current_frames() has a frame for every thread running Python."""
     return len(sys._current_frames()) == 1 and threading.active_count() == 1
 
 
@@ -44,11 +44,12 @@ def draw_all(data: ReportData, figdir: Path, workers: int = 1) -> dict[str, dict
     """{figure: what the page needs to show it}. A figure that raises is replaced by
     one saying so, and the error is raised after the others are written: the rule
     fails loudly and the report's other figures are still there to look at.
-    workers > 1 draws them in forked processes (each figure is independent; on one
-    H200's 16 cores the 17 figures took 19 of the report's 24 s in one process), but
-    only from a process with no other Python thread: a lock another thread holds at
-    the fork stays held in the child for ever (two children of a pytest-xdist worker,
-    whose execnet threads were running, waited on a futex for 34 minutes). The
+    workers > 1 draws them in forked processes (each figure is independent, and drawing
+    them is most of the report's time in one process: docs/measurements/
+    readme-run_h200_2026-12-03.md), but only from a process with no other Python
+    thread: a lock another thread holds at the fork stays held in the child for ever
+    (two children of a pytest-xdist worker, whose execnet threads were running, waited
+    on a futex until the run was killed). The
     report rule's script is such a process; anywhere else the figures are drawn here."""
     global _DATA
     jobs = [(chapter.key, spec.name, str(figdir)) for chapter, spec in figure_specs()]

@@ -1,5 +1,5 @@
 """The two-node stand-in: the pipeline's measurements on two "nodes" of one machine
-(dpscale.run.netns: two network namespaces joined by a veth shaped to a rate), kept
+(dpscale.standin.netns: two network namespaces joined by a veth shaped to a rate), kept
 in the layout of a kept machine, so that the forecast's inter-node tier can be read
 from, and validated against, something measured.
 
@@ -14,7 +14,7 @@ What it measures, for one link rate (scripts/two_node_standin.py is the entry):
   and the one-node k=2 measurements (all-reduce sweep, probe, weak scaling) inside
   one namespace.
 
-Layout of <out> (a kept machine's, dpscale.report.machines.load_reference reads it):
+Layout of <out> (a kept machine's, dpscale.layout.kept; dpscale.report.machines.load_reference reads it):
 
     fingerprint.json                 this machine's (dpscale.plan.fingerprint.probe)
     plan.json                        the targets below, and the command that made them
@@ -30,7 +30,7 @@ Layout of <out> (a kept machine's, dpscale.report.machines.load_reference reads 
 
 Every result is the pipeline's own: specs from dpscale.plan.specs.job_spec (the
 config's resolution at the chosen scale, this machine's fingerprint, the resize cache
-the data stage builds), run by dpscale.run.twonode, written by rank 0 of
+the data stage builds), run by dpscale.standin.twonode, written by rank 0 of
 scripts/torch_worker.py.
 """
 from __future__ import annotations
@@ -47,11 +47,11 @@ from pathlib import Path
 
 import yaml
 
-from dpscale import results
+from dpscale import layout, results
 from dpscale.data import fetch as dsfetch, load as dsload, resize as dsresize
 from dpscale.plan import config as dsconfig, fingerprint as fpmod, specs
 from dpscale.results import utc_now, write_json_atomic
-from dpscale.run import netns, twonode
+from dpscale.standin import netns, twonode
 
 ROOT = Path(__file__).resolve().parents[3]
 DDP = ("ddp_weak", "cached")
@@ -61,11 +61,11 @@ PROBE = ("ddp_comm_probe", "default")
 # tested, at least 30% on the 2-core box at smoke scale. ResNet-18's gradient is 44.7 MB
 # (fp32); a ring all-reduce at k=2 sends S = 44.7 MB each way, 0.37 s at 1 Gbit/s (0.956
 # of it carries TCP payload), 0.75 s at 500 Mbit/s. DDP overlaps its buckets with the
-# backward (~0.3 s of a ~0.47 s step on one core), so at 1 Gbit/s only ~0.13 s is
-# exposed: measured 21% of the k=2 step (487 -> 617 ms); at 750 Mbit/s 46% and at 500
-# Mbit/s 54% (448 -> 977 ms); reference/cpu2-twonode, on a quiet box: 38% (606 -> 984 ms).
-# 500 Mbit/s keeps the share above 30% with room for noise.
+# backward, so at 1 Gbit/s little of it is exposed and the share stays under 30%; at
+# 500 Mbit/s it stays above, with room for noise (the rates tried and the shares
+# measured: docs/measurements/twonode-standin_cpu2_2026-12-02.md; reference/cpu2-twonode).
 DEFAULT_RATE = "500mbit"
+LINK = "link.json"   # beside the kept machine's own files: the link, and what ran where
 MIN_CORES_FOR_TWO_PER_NODE = 4
 
 
@@ -97,13 +97,13 @@ class Planned:
         return self.k > self.per_node
 
     def target(self) -> str:
-        return results.result_path(self.experiment, self.variant, self.k, root="runs")
+        return layout.result_path(self.experiment, self.variant, self.k, root=layout.RUNS_DIR)
 
     def path(self, out: Path) -> Path:
         return out / self.folder / self.target()
 
     def log(self, out: Path) -> Path:
-        return out / self.folder / "logs" / self.experiment / self.variant / f"k{self.k}.log"
+        return out / self.folder / layout.log_path(self.experiment, self.variant, self.k, root=layout.LOGS_DIR)
 
 
 def per_node_for(cores: int) -> int:
@@ -279,9 +279,9 @@ def run(out: Path, rate: str = DEFAULT_RATE, ks: list[int] | None = None, scale:
     data_dir = Path(data_dir).resolve() if data_dir else out / "data"
     inputs = prepare_data(data_dir, resolved[per_node]["protocol"]["image_size"], say=say)
     out.mkdir(parents=True, exist_ok=True)
-    fpmod.save_if_changed(fp, out / "fingerprint.json")
+    fpmod.save_if_changed(fp, layout.kept(out).fingerprint)
     record: dict = {"what": "two-node stand-in: two network namespaces joined by a veth pair shaped by tbf "
-                            "(dpscale.run.netns); results in runs/ as a kept machine's",
+                            "(dpscale.standin.netns); results in runs/ as a kept machine's",
                     "command": command, "started_utc": utc_now(), "rate": rate, "scale": resolved[per_node]["scale"],
                     "ks": ks, "machine": {"nodes": 2, "ranks_per_node": per_node, "cpu_count": cores},
                     "busy_rule": {"retries": opts.busy_retries, "fraction": opts.busy_fraction}, "runs": {}}
@@ -296,10 +296,11 @@ def run(out: Path, rate: str = DEFAULT_RATE, ks: list[int] | None = None, scale:
     finally:
         os.chdir(here)
     record["finished_utc"], record["wall_s"] = utc_now(), round(time.monotonic() - t_start, 1)
-    write_json_atomic(out / "link.json", record)
+    write_json_atomic(out / LINK, results.portable(record, out))
     machine = [j for j in jobs if j.folder == ""]
-    write_json_atomic(out / "plan.json", {
-        "targets": [j.target()[len("runs/"):] for j in machine], "planned": len(machine), "command": command,
+    write_json_atomic(layout.kept(out).plan, {
+        "targets": [f"{layout.job_label(j.experiment, j.variant, j.k)}.json" for j in machine],
+        "planned": len(machine), "command": command,
         "reconstructed": None, "note": "the two-node stand-in (scripts/two_node_standin.py), not a Snakemake "
                                        "run: link.json says what ran where"})
     return record

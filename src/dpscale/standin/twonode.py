@@ -1,4 +1,4 @@
-"""One measurement of the pipeline on the two "nodes" of dpscale.run.netns: across the
+"""One measurement of the pipeline on the two "nodes" of dpscale.standin.netns: across the
 shaped link (a spec whose `launch` says 2 nodes), or inside the first namespace (a
 one-node spec), as the workflow's watchdog would run it on a cluster.
 
@@ -48,8 +48,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpscale.plan import specs
-from dpscale.run import command as launch, devices, launches, lifeline, netns, watchdog
-from dpscale.run.netns import TwoNodes
+from dpscale.run import command as launch, devices, launches, lifeline, watchdog
+from dpscale.standin import netns
+from dpscale.standin.netns import TwoNodes
 
 PIN = launch.SCRIPTS / "pin_rank.py"
 WORKER = launch.SCRIPTS / "torch_worker.py"
