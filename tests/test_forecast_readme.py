@@ -1,10 +1,9 @@
 """README.md's "Forecast" section states what `dpscale forecast --json` over the committed
-references prints today: every row of its validation table and of its summary table, the
-coverage, the errors, which predictor did best, the settings and the fabric check's
-figures. Every number in the section is checked: what the checks below do not account
-for (a table row, a sentence they read) may hold no digit but in file names, issue
-numbers and formulas. Skipped, saying what is missing, where the section is not there
-yet (the docs helper places it; the forecast helper's handoff holds the proposed text)."""
+references prints today: every row of its summary table, the coverage, the errors, which
+predictor did best, the settings and the fabric check's figures; docs/forecast.md's
+"Every row, today" holds every row of its validation table. Every number in the README's
+section is checked: what the checks below do not account for (a table row, a sentence
+they read) may hold no digit but in file names, issue numbers and formulas."""
 from __future__ import annotations
 
 import json
@@ -21,17 +20,13 @@ NAIVE = {"naive_constant": "the efficiency at the largest smaller k", "naive_rin
          "naive_bare": "the fully exposed all-reduce"}
 
 
-def section() -> str:
-    text = (ROOT / "README.md").read_text()
-    m = re.search(r"^## Forecast\n(.*?)(?=^## )", text, re.S | re.M)
-    if not m:
-        pytest.skip("README.md has no '## Forecast' section ending at the next '## ' heading")
+def section(path="README.md", heading="## Forecast", table="| machine | rows | model: mean / max error |") -> str:
+    """A page's section, from its heading to the next heading of its level (or the end)."""
+    text = (ROOT / path).read_text()
+    m = re.search(rf"^{re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert m, f"{path} has no '{heading}' section"
     body = m.group(1)
-    for needed in ("| machine | point | predicted from | predicted [band] |",
-                   "| machine | rows | model: mean / max error | inside the band |"):
-        if needed not in body:
-            pytest.skip(f"README.md's Forecast section has no table headed '{needed}' yet (the text to place is "
-                        "in the forecast helper's handoff, /work/handoff/forecast.md)")
+    assert table in body, f"{path}'s '{heading}' section has no table headed '{table}'"
     return body
 
 
@@ -121,14 +116,26 @@ ALLOWED = [r"[\w./-]*\d[\w./-]*\.(txt|json|yaml|md|py)",   # file names
            r"16-core"]                                            # a machine's name
 
 
+def table_rows(body: str) -> list[str]:
+    return [x for x in body.splitlines() if x.startswith("| ") and not x.startswith(("| machine", "|---"))]
+
+
+def test_every_validation_row_in_the_docs_is_the_forecast_s(live):
+    """docs/forecast.md's "Every row, today": every validation row the live forecast prints."""
+    rows, want = table_rows(section("docs/forecast.md", "## Every row, today",
+                                    "| machine | point | predicted from | predicted [band] |")), validation_rows(live)
+    assert sorted(rows) == sorted(want), (
+        "rows the page has that the forecast does not: " + repr(sorted(set(rows) - set(want))) +
+        "; rows the forecast has that the page does not: " + repr(sorted(set(want) - set(rows))))
+
+
 def test_the_forecast_section_states_what_the_forecast_prints(live):
     body = section()
     lines = body.splitlines()
-    table = [x for x in lines if x.startswith("| ") and not x.startswith(("| machine", "|---"))]
-    want_v, want_s = validation_rows(live), summary_rows(live)
-    assert sorted(table) == sorted(want_v + want_s), (
-        "rows the README has that the forecast does not: " + repr(sorted(set(table) - set(want_v + want_s))) +
-        "; rows the forecast has that the README does not: " + repr(sorted(set(want_v + want_s) - set(table))))
+    table, want_s = table_rows(body), summary_rows(live)
+    assert sorted(table) == sorted(want_s), (
+        "rows the README has that the forecast does not: " + repr(sorted(set(table) - set(want_s))) +
+        "; rows the forecast has that the README does not: " + repr(sorted(set(want_s) - set(table))))
     flat = " ".join(x.strip() for x in lines if not x.startswith("|"))
     rest = re.sub(r"```.*?```", " ", " ".join(x for x in body.split("\n") if not x.startswith("|")), flags=re.S)
     rest = " ".join(rest.split())
