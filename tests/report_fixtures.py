@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpscale.analysis import costmodel, stateff, stats, tta
-from dpscale import layout
+from dpscale import layout, results
 from dpscale.results import make_result, write_json_atomic
 
 ROOT = Path(__file__).resolve().parents[1]

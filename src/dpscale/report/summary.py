@@ -25,7 +25,7 @@ import re
 import sys
 from pathlib import Path
 
-from dpscale import results
+from dpscale import layout, results
 from dpscale.report.machines import refused_data
 from dpscale.results import job_label, write_atomic
 
@@ -245,7 +245,7 @@ def closing(targets, summary_path, html_path, snakemake_log=None, failed: bool =
             and all(read.get(key) == digest for key, digest in now.items()):
         return "\n".join(out + [summary.read_text().rstrip("\n")])
     out += result_lines(audits)
-    out += [f"data: {line}" for line in refused_data(Path(summary_path).parent.parent)]
+    out += [f"data: {line}" for line in refused_data(layout.working(Path(summary_path).parent.parent.parent))]
     if html.exists():
         out.append(f"report (built from other results than these, not rebuilt: none of its numbers is "
                    f"this run's answer): {html.resolve()}")
