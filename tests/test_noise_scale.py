@@ -15,7 +15,7 @@ from torch import nn
 
 from conftest import ROOT, env_with_src, free_port
 import noise_scale_worker as w
-from dpscale.analysis import stateff
+from dpscale.analysis.stateff import noise
 from dpscale.measure.noise_scale import GradNoiseProbe
 
 REL = 1e-9     # float64: the probe's norms against the per-shard backward passes
@@ -49,7 +49,7 @@ def test_probe_norms_equal_the_per_shard_gradients(gloo_run, case):
     found = gloo_run[case]
     assert found["rel"] < REL, found
     g = found["got"]
-    g2, tr = stateff.noise_terms(g["g_small_sq"][0], g["g_big_sq"][0], g["b_small"], g["b_big"])
+    g2, tr = noise.noise_terms(g["g_small_sq"][0], g["g_big_sq"][0], g["b_small"], g["b_big"])
     assert tr > 0      # the per-shard gradients differ: the estimator sees noise
 
 

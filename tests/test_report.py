@@ -466,7 +466,7 @@ def test_the_reference_h200_series_reads_as_the_analysis_gives_it():
     curve (the evaluations' own time taken out), statistical efficiency with Fieller's
     interval, MLPerf's ratio of the results' own scores, the E(B) fit over every seed;
     k=1's samples/s is the tuned series' (the step time to accuracy runs on a GPU)."""
-    from dpscale.analysis import stateff
+    from dpscale.analysis.stateff import batch_model, crossings, over_seeds
     from dpscale.report import tta
     from dpscale.report.machines import load_reference
     runs = {int(f.stem[1:]): json.loads(f.read_text())["metrics"]
@@ -474,16 +474,16 @@ def test_the_reference_h200_series_reads_as_the_analysis_gives_it():
     rule = tta.of_machine(load_reference(ROOT / "reference" / "h200"), None)["rules"]["book"]
     p = {q["k"]: q for q in rule["points"]}
     assert sorted(p) == sorted(runs) == [1, 2, 4, 8]
-    seeds = {k: [r["samples"] for r in stateff.seed_rows(m["runs"], m["target_accuracy"], m["train_images"],
+    seeds = {k: [r["samples"] for r in crossings.seed_rows(m["runs"], m["target_accuracy"], m["train_images"],
                                                         eval_correction=True)] for k, m in runs.items()}
     for k in (2, 4, 8):
-        e = stateff.statistical_efficiency(seeds[1], seeds[k])
+        e = over_seeds.statistical_efficiency(seeds[1], seeds[k])
         got = (p[k]["statistical_efficiency"], p[k]["statistical_efficiency_lo"], p[k]["statistical_efficiency_hi"])
         assert got == pytest.approx((e["value"], e["ci_lo"], e["ci_hi"])), (k, got, e)
         assert p[k]["statistical_efficiency_mlperf"] == pytest.approx(
             runs[1]["samples_to_target"] / runs[k]["samples_to_target"])
     assert p[1]["samples_per_s_source"] == "measured (ddp_weak tuned)" and all(p[k]["emulated"] for k in (2, 4, 8))
-    fit = stateff.fit_batch_model({runs[k]["global_batch"]: seeds[k] for k in runs})
+    fit = batch_model.fit_batch_model({runs[k]["global_batch"]: seeds[k] for k in runs})
     assert rule["fit"]["B_crit"]["value"] == pytest.approx(fit["B_crit"]["value"])
     assert rule["fit"]["E_min"]["value"] == pytest.approx(fit["E_min"]["value"])
 

@@ -183,8 +183,8 @@ def test_the_noise_probe_in_the_tuned_step_equals_a_direct_computation(real_k2, 
     assert found["rel"] < 1e-9, found
     g = found["got"]
     assert g["steps"] == 2 and g["k"] == (2 if case != "w2m2" else 4)
-    from dpscale.analysis import stateff
-    g2, tr = stateff.noise_terms(g["g_small_sq"][0], g["g_big_sq"][0], g["b_small"], g["b_big"])
+    from dpscale.analysis.stateff import noise
+    g2, tr = noise.noise_terms(g["g_small_sq"][0], g["g_big_sq"][0], g["b_small"], g["b_big"])
     assert tr > 0
 
 
@@ -368,16 +368,16 @@ def test_b_simple_pooled_over_seeds_keeps_each_block_within_one_seed():
     """One run: the same ratio as b_simple_window. Two runs: the ratio of the means over
     every step, the interval from blocks cut within each run (20 blocks of 10 steps)."""
     import numpy as np
-    from dpscale.analysis import stateff
+    from dpscale.analysis.stateff import noise
     rng = np.random.default_rng(0)
     runs = [(rng.normal(2.0, 0.3, 100), rng.normal(50.0, 5.0, 100)), (rng.normal(1.0, 0.3, 37), rng.normal(60.0, 5, 37))]
-    one = stateff.b_simple_pooled(runs[:1])
-    assert one["b_simple"] == pytest.approx(stateff.b_simple_window(*runs[0])["b_simple"])
-    both = stateff.b_simple_pooled(runs)
+    one = noise.b_simple_pooled(runs[:1])
+    assert one["b_simple"] == pytest.approx(noise.b_simple_window(*runs[0])["b_simple"])
+    both = noise.b_simple_pooled(runs)
     g2, tr = np.concatenate([r[0] for r in runs]), np.concatenate([r[1] for r in runs])
     assert both["b_simple"] == pytest.approx(tr.mean() / g2.mean()) and both["steps"] == 137
-    assert both["blocks"] == 20 and both["ci_lo"] < both["b_simple"] < both["ci_hi"] and both["covers"] == stateff.POOLED
-    assert stateff.b_simple_pooled([([1.0], [2.0])])["ci_lo"] is None
+    assert both["blocks"] == 20 and both["ci_lo"] < both["b_simple"] < both["ci_hi"] and both["covers"] == noise.POOLED
+    assert noise.b_simple_pooled([([1.0], [2.0])])["ci_lo"] is None
 
 
 def test_interpolated_crossings_are_scored_as_mlperf_scores():

@@ -14,7 +14,7 @@ BASE_LR = 0.1          # the book's SGD learning rate (section 13.6's train loop
 LR_SCALINGS = ("constant", "linear")
 MEASURES = ("seconds", "samples", "epochs")   # each scored on its own: <m>_to_target
 # The same three at the crossing interpolated between the evaluations that bracket the
-# target (dpscale.analysis.stateff.crossing), scored the same way: interpolated_<m>_to_target.
+# target (dpscale.analysis.stateff.crossings.crossing), scored the same way: interpolated_<m>_to_target.
 INTERPOLATED = tuple(f"interpolated_{m}" for m in MEASURES)
 
 

@@ -49,7 +49,7 @@ class GradNoiseProbe:
                 probe.step_done()                                   # before opt.step()
     every so often, on every process at the same step (a collective when w > 1):
                 out = probe.flush()   # {"g_small_sq": [...], "g_big_sq": [...], "b_small", "b_big", "k", "steps"}
-                stateff.NoiseScale(out["b_small"], out["b_big"]).update_many(out["g_small_sq"], out["g_big_sq"])
+                noise.NoiseScale(out["b_small"], out["b_big"]).update_many(out["g_small_sq"], out["g_big_sq"])
 
     With m = 1 under DDP, shard_done() may be left out (the hook sees the whole step).
     A model that is not DDP (one process, m shards) is measured from .grad alone.

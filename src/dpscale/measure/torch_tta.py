@@ -26,7 +26,7 @@ evaluation; each evaluation timed between two synchronisations. The GPU's state 
 sampled at every evaluation. Once the accuracy is within tta_eval_near_margin of the
 target, evaluations come every tta_eval_near_every_samples (EvalSchedule), so that the
 crossing, interpolated between the two evaluations that bracket it
-(dpscale.analysis.stateff.crossing), is resolved finely; MLPerf's first-evaluation
+(dpscale.analysis.stateff.crossings), is resolved finely; MLPerf's first-evaluation
 values are kept beside it.
 
 The gradient noise scale (k >= 2): per step the mean over the k ranks of |G_small|^2
@@ -53,7 +53,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dpscale.data import load as dsdata
-from dpscale.analysis import stateff, tta
+from dpscale.analysis import tta
+from dpscale.analysis.stateff import crossings, noise as gradient_noise
 from dpscale.measure.noise_scale import StepNoiseProbe
 from dpscale.measure.timing import sync
 from dpscale.measure.torch_ddp import GraphedStep, autocast, build_ddp, graph_side_stream
@@ -434,7 +435,7 @@ def one_launch(ctx: Ctx, seed: int, tr: Trainer) -> dict:
     p = ctx.proto
     k, _ = layout(ctx)
     batch = p["tta_per_rank_batch"]
-    noise = stateff.NoiseScale(batch, k * batch) if tr.probe is not None else None
+    noise = gradient_noise.NoiseScale(batch, k * batch) if tr.probe is not None else None
     sync(ctx.device)
     dist.barrier()
     t0 = time.perf_counter()                       # MLPerf's run_start: before the data is touched
@@ -460,7 +461,7 @@ def launch_record(ctx: Ctx, seed: int, curve: list[dict], seen: int, noise) -> d
     p = ctx.proto
     k = int(ctx.spec["k"])
     evals = [c["eval_s"] for c in curve]
-    c = stateff.crossing(curve, p["tta_target"], sum(evals) / len(evals), p["tta_train_images"])
+    c = crossings.crossing(curve, p["tta_target"], sum(evals) / len(evals), p["tta_train_images"])
     first = c["mlperf"]
     n = p["tta_train_images"]
     rec = {"seed": seed, "converged": first is not None,
@@ -565,7 +566,7 @@ def noise_fields(runs: list[dict]) -> dict:
         return {"noise_probe": False}
     windows = [(r["noise_g2_grad_sq_steps"][:r["noise_steps"]], r["noise_trace_grad_sq_steps"][:r["noise_steps"]])
                for r in have]
-    w = stateff.b_simple_pooled(windows)
+    w = gradient_noise.b_simple_pooled(windows)
     return {"noise_probe": True, "noise_scale": w,   # the whole record: report.tta sets it beside B_crit
             "b_simple_samples": w["b_simple"], "b_simple_samples_ci_lo": w["ci_lo"], "b_simple_samples_ci_hi": w["ci_hi"], "b_simple_samples_covers": w["covers"],
             "b_simple_method_txt": w["method"], "noise_steps": w["steps"],

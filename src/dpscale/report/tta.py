@@ -3,7 +3,7 @@ target, each point's samples to target with its interval, statistical efficiency
 samples/s at time to accuracy's protocol, time to accuracy and its speed-up over k=1
 with 95% intervals over the seeds, the E(B) model, its out-of-sample check, the noise
 scale beside B_crit, and the time-to-accuracy forecast to the throughput forecast's
-nodes. dpscale.analysis.stateff does the statistics; here results become its inputs.
+nodes. dpscale.analysis.stateff (a module a topic) does the statistics; here results become its inputs.
 
 The chapters (chapters.tta, chapters.answer), the tidy table, the closing summary and
 `dpscale forecast` (report.forecast.tta_text) read the same records: of_machine(m, fc),
@@ -14,9 +14,9 @@ One definition of time to accuracy, two forms, everywhere:
 with e the evaluation seconds per training sample (the clock never stops; evaluations
 come every fixed number of samples), "evaluation on the clock" (MLPerf's clock), and
 e = 0, "training only". samples to target is the seeds' mean of each seed's crossing
-interpolated between the evaluations that bracket it (stateff.crossing; MLPerf's score
+interpolated between the evaluations that bracket it (crossings.crossing; MLPerf's score
 of the first evaluation at or above the target beside it). The speed-up is time at
-k=1 over time at k, its interval Fieller's over the seeds (stateff.ratio_over_seeds on
+k=1 over time at k, its interval Fieller's over the seeds (over_seeds.ratio_over_seeds on
 per-seed times), samples/s taken at its value (its own interval is shown beside).
 """
 from __future__ import annotations
@@ -24,11 +24,12 @@ from __future__ import annotations
 import math
 
 from dpscale import registry
-from dpscale.analysis import stateff, stats
+from dpscale.analysis import stats
+from dpscale.analysis.stateff import batch_model, common, crossings, forecast as tta_forecast, over_seeds
 
 CLOCK = "evaluation on the clock"
 TRAIN = "training only"
-SEEDS = stateff.SEEDS
+SEEDS = common.SEEDS
 
 
 def rate_variants(rule: str) -> tuple[str, ...]:
@@ -87,9 +88,9 @@ def estimate(values: list) -> dict:
         iv = stats.interval(got)
         out.update(value=iv["mean"], lo=iv["ci_lo"], hi=iv["ci_hi"], how="mean over seeds, Student's t")
     elif cens == 1:
-        t = stateff.trimmed(values)
+        t = over_seeds.trimmed(values)
         if t is None:
-            return {**out, "value": stateff.olympic(values), "how": "trimmed mean (MLPerf's), too few seeds for "
+            return {**out, "value": over_seeds.olympic(values), "how": "trimmed mean (MLPerf's), too few seeds for "
                                                                    "an interval"}
         from scipy import stats as sps
         half = float(sps.t.ppf(0.5 + stats.LEVEL / 2, t["h"] - 1)) * math.sqrt(t["var"])
@@ -103,7 +104,7 @@ def point(k: int, r: dict, run: str) -> dict:
     interval, MLPerf's score of the first evaluations beside, the clock as measured."""
     g = _m(r)
     n_img, target = train_images(g), g.get("target_accuracy")
-    seeds = stateff.seed_rows(g.get("runs") or [], target, n_img, eval_correction=True) if target else []
+    seeds = crossings.seed_rows(g.get("runs") or [], target, n_img, eval_correction=True) if target else []
     est = estimate([s["samples"] for s in seeds])
     ep = (lambda x: x / n_img if x is not None and n_img else None)
     return {"k": k, "run": run, "emulated": bool(g.get("emulated")), "global_batch": g.get("global_batch"),
@@ -123,7 +124,7 @@ def point(k: int, r: dict, run: str) -> dict:
 
 def noise_of(g: dict) -> dict | None:
     """The gradient noise scale the worker recorded at this k: `noise_scale` in the
-    metrics (a stateff.b_simple_window record: b_simple, ci_lo, ci_hi, mean_trace,
+    metrics (a noise.b_simple_window record: b_simple, ci_lo, ci_hi, mean_trace,
     mean_g2, cov, df, steps, covers), else the first seed's `noise_scale` in its run
     record; None when neither is there (results before the probe: not measured)."""
     got = g.get("noise_scale")
@@ -230,10 +231,10 @@ def rates(m, fc: dict | None, points: list[dict], ks, rule: str) -> dict[int, di
 # ---------------------------------------------------------------- time to accuracy at each point
 
 def _ratio(base: list, other: list) -> dict:
-    """stateff.ratio_over_seeds's value and interval, flat. Where it has no estimate but
+    """over_seeds.ratio_over_seeds's value and interval, flat. Where it has no estimate but
     both sides have MLPerf's score (one seed short of the target and fewer than 5
     seeds: no trimmed-mean interval), the ratio of those scores, without an interval."""
-    r = stateff.ratio_over_seeds(base, other)
+    r = over_seeds.ratio_over_seeds(base, other)
     if r["value"] is None and r["mlperf_value"] is not None:
         return {"value": r["mlperf_value"], "lo": None, "hi": None,
                 "method": "ratio of the MLPerf scores of the interpolated crossings, no interval: " + r["method"]}
@@ -310,12 +311,12 @@ def batch_points(points: list[dict]) -> dict:
 
 
 def fit(points: list[dict]) -> tuple[dict | None, str]:
-    """stateff.fit_batch_model over the scored points (at most one seed short of the
+    """batch_model.fit_batch_model over the scored points (at most one seed short of the
     target, as MLPerf scores them), or None and why not."""
     scored = [p for p in points if p["scored"] and p["global_batch"]]
     sources = {p["global_batch"]: "emulated" if p["emulated"] else "measured" for p in scored}
     try:
-        return stateff.fit_batch_model(batch_points(scored), sources=sources), ""
+        return batch_model.fit_batch_model(batch_points(scored), sources=sources), ""
     except ValueError as e:
         return None, str(e).removeprefix("fit_batch_model: ")
 
@@ -331,14 +332,14 @@ def budget(points: list[dict]) -> float | None:
 
 def holdout_rows(points: list[dict]) -> list[dict]:
     """Each point with two or more scored batches below it, predicted from those alone
-    (stateff.holdout: the prediction band for the mean of its converged seeds)."""
+    (batch_model.holdout: the prediction band for the mean of its converged seeds)."""
     allp, rows = batch_points(points), []
     for p in points:
         below = [q for q in points if q["k"] < p["k"] and q["scored"]]
         if len(below) < 2 or not p["global_batch"]:
             continue
         try:
-            h = stateff.holdout(allp, p["global_batch"], fit_batches=[q["global_batch"] for q in below],
+            h = batch_model.holdout(allp, p["global_batch"], fit_batches=[q["global_batch"] for q in below],
                                 budget=budget(points))
         except ValueError as e:
             rows.append({"k": p["k"], "from_ks": [q["k"] for q in below], "note": str(e)})
@@ -361,7 +362,7 @@ def _holdout_fields(h: dict, n_img: int | None) -> dict:
 
 def noise_rows(points: list[dict], model: dict | None) -> list[dict]:
     """Per k >= 2: the measured B_simple (the worker's noise_scale) beside the fitted
-    B_crit (stateff.compare_b_crit), or "not measured"."""
+    B_crit (batch_model.compare_b_crit), or "not measured"."""
     rows = []
     for p in points:
         if p["k"] < 2:
@@ -375,18 +376,18 @@ def noise_rows(points: list[dict], model: dict | None) -> list[dict]:
             row.update(b_simple=n["b_simple"], b_simple_lo=n.get("ci_lo"), b_simple_hi=n.get("ci_hi"),
                        b_simple_covers=n.get("covers", ""), noise_source=n["source"])
             if model and n.get("cov") is not None:
-                c = stateff.compare_b_crit(model, n)
+                c = batch_model.compare_b_crit(model, n)
                 row.update(ratio=c["ratio"], ratio_lo=c["ci_lo"], ratio_hi=c["ci_hi"], same_order=c["same_order"])
         rows.append(row)
     return rows
 
 
-def forecast(model: dict | None, ks, per_rank_batch, thr: dict, e: float) -> dict | None:
-    """stateff.tta_forecast at every k, both forms: {"clock": ..., "train": ...}."""
+def forecast_of(model: dict | None, ks, per_rank_batch, thr: dict, e: float) -> dict | None:
+    """forecast.tta_forecast at every k, both forms: {"clock": ..., "train": ...}."""
     if model is None or not per_rank_batch or not thr:
         return None
-    return {"clock": stateff.tta_forecast(model, ks, int(per_rank_batch), thr, eval_s_per_sample=e),
-            "train": stateff.tta_forecast(model, ks, int(per_rank_batch), thr)}
+    return {"clock": tta_forecast.tta_forecast(model, ks, int(per_rank_batch), thr, eval_s_per_sample=e),
+            "train": tta_forecast.tta_forecast(model, ks, int(per_rank_batch), thr)}
 
 
 # ---------------------------------------------------------------- a machine
@@ -410,7 +411,7 @@ def of_rule(m, rule: str, fc: dict | None) -> dict | None:
     for p in pts:
         p.update(timing(p, base, e, thr.get(p["k"]), thr.get(1)))
     model, why = fit(pts)
-    fcast = forecast(model, ks, pts[0]["per_rank_batch"], thr, e)
+    fcast = forecast_of(model, ks, pts[0]["per_rank_batch"], thr, e)
     return {"rule": rule, "points": pts, "eval_s_per_sample": e, "target": pts[0]["target"],
             "train_images": pts[0]["train_images"], "per_rank_batch": pts[0]["per_rank_batch"],
             "budget_samples": budget(pts), "max_epochs": pts[0]["max_epochs"], "fit": model, "fit_note": why,
