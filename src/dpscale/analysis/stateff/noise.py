@@ -35,7 +35,7 @@ class NoiseScale:
     """The online form, for a training loop: a few floats per step.
 
     update(g_small_sq, g_big_sq) per step (or update_many with a flushed block of steps:
-    dpscale.measure.noise_scale.GradNoiseProbe.flush). B_simple = tr(Sigma) / |G|^2,
+    dpscale.measure.noise_scale.StepNoiseProbe.flush). B_simple = tr(Sigma) / |G|^2,
     smoothed as the paper does: exponential moving averages of the numerator and of
     the denominator separately (decay `beta` per step, Adam's bias correction, which
     cancels in the ratio), then their ratio. With keep=True the per-step estimates are
