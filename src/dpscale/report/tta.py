@@ -30,12 +30,15 @@ from dpscale.analysis.stateff import batch_model, common, crossings, forecast as
 CLOCK = "evaluation on the clock"
 TRAIN = "training only"
 SEEDS = common.SEEDS
+EXPERIMENT = registry.ANSWER.experiment          # time to accuracy's experiment
+RATE = registry.ANSWER.rate_experiment           # the throughput experiment rate_from names
 
 
 def rate_variants(rule: str) -> tuple[str, ...]:
-    """The ddp_weak variants whose step is this LR rule's (registry: Variant.rate_from)."""
-    exp = registry.get("ddp_tta")
-    return exp.variant(rule).rate_from if rule in exp.variant_names() else ("cached", "seed")
+    """The weak-scaling variants whose step is this LR rule's (registry: Variant.rate_from),
+    the answer's for a rule the registry does not declare (an older result)."""
+    exp = registry.get(EXPERIMENT)
+    return exp.variant(rule).rate_from if rule in exp.variant_names() else registry.ANSWER.rate_from
 
 
 def _m(r: dict | None) -> dict:
@@ -53,11 +56,11 @@ def run_kind(r: dict) -> str:
 def rule_series(m, rule: str) -> dict[int, tuple[dict, str]]:
     """{k: (result, how it ran)} of one LR rule; below the rule's min_k its k's are
     another rule's (linear at k=1 is the book's rule, run once: dpscale.registry)."""
-    exp = registry.get("ddp_tta")
+    exp = registry.get(EXPERIMENT)
     v = exp.variant(rule) if rule in exp.variant_names() else None
-    out = {k: (r, run_kind(r)) for k, r in m.series("ddp_tta", rule).items()}
+    out = {k: (r, run_kind(r)) for k, r in m.series(EXPERIMENT, rule).items()}
     if v is not None and v.same_below:
-        for k, r in m.series("ddp_tta", v.same_below).items():
+        for k, r in m.series(EXPERIMENT, v.same_below).items():
             if k < v.min_k and k not in out:
                 out[k] = (r, f"{run_kind(r)}: the {v.same_below} rule's run")   # the same rule at this k
     return out
@@ -155,16 +158,38 @@ def same_protocol(p: dict, per_rank_batch, image_size) -> bool:
                for a, b in ((p["per_rank_batch"], per_rank_batch), (p["image_size"], image_size)))
 
 
-def measured_rate(m, p: dict, k: int, variants: tuple[str, ...]) -> dict | None:
-    """samples/s of this machine's weak scaling at k (the first of `variants` measured),
-    the mean over launches (or timed epochs) with its 95% interval."""
-    from dpscale.report.numbers import point as tpoint, spread
+def weak_variant(m) -> str | None:
+    """The weak-scaling series of the step the answer trains with, on a machine read
+    without a time-to-accuracy protocol to match (the book, a machine that ran none): the
+    first of registry.ANSWER.rate_from measured at k=1 and a larger k (a growth to show),
+    else the first measured at k=1, else the first series with any result."""
+    have = {v: {k for k, r in m.series(RATE, v).items() if ok(r)} for v in m.variants(RATE)}
+    order = list(registry.ANSWER.rate_from) + [v for v in have if v not in registry.ANSWER.rate_from]
+    return (next((v for v in order if 1 in have.get(v, ()) and len(have[v]) > 1), None)
+            or next((v for v in order if 1 in have.get(v, ())), None) or next((v for v in order if have.get(v)), None))
+
+
+def rate_variant(m, fc: dict | None, p: dict, variants: tuple[str, ...]) -> str | None:
+    """The one weak-scaling series whose samples/s time to accuracy divides by at every k
+    (never one series at k=1 and another at k): the first of `variants` measured at k=1
+    at time to accuracy's per-rank batch and image size (what rate_from picks), else the
+    first the throughput forecast has; None where neither."""
     for v in variants:
-        r = m.get("ddp_weak", v, k)
+        r = m.get(RATE, v, 1)
         if ok(r) and same_protocol(p, _m(r).get("per_rank_batch"), (r.get("data") or {}).get("image_size")):
-            value, lo, hi = tpoint(r)
-            return {"value": value, "lo": lo, "hi": hi, "level": stats.LEVEL, "source": f"measured (ddp_weak {v})",
-                    "covers": (spread(r) or {}).get("covers", "")}
+            return v
+    return next((v for v in variants if forecast_series(m, fc, p, (v,))), None)
+
+
+def measured_rate(m, p: dict, k: int, variant: str) -> dict | None:
+    """samples/s of this machine's weak scaling at k in `variant`, the mean over launches
+    (or timed epochs) with its 95% interval; None where it did not run at that protocol."""
+    from dpscale.report.numbers import point as tpoint, spread
+    r = m.get(RATE, variant, k)
+    if ok(r) and same_protocol(p, _m(r).get("per_rank_batch"), (r.get("data") or {}).get("image_size")):
+        value, lo, hi = tpoint(r)
+        return {"value": value, "lo": lo, "hi": hi, "level": stats.LEVEL, "source": f"measured ({RATE} {variant})",
+                "covers": (spread(r) or {}).get("covers", ""), "variant": variant}
     return None
 
 
@@ -185,7 +210,7 @@ def own_rate(p: dict) -> dict | None:
         return None
     iv = stats.interval(rates)
     return {"value": iv["mean"], "lo": iv["ci_lo"], "hi": iv["ci_hi"], "level": stats.LEVEL,
-            "source": "measured (the time-to-accuracy launches)", "covers": SEEDS}
+            "source": "measured (the time-to-accuracy launches)", "covers": SEEDS, "variant": None}
 
 
 def forecast_series(m, fc: dict | None, p: dict, variants: tuple[str, ...]) -> dict | None:
@@ -193,7 +218,7 @@ def forecast_series(m, fc: dict | None, p: dict, variants: tuple[str, ...]) -> d
     `variants` it has), or None."""
     by = {s["variant"]: s for s in (fc or {}).get("series", []) if s["family"] == "torch"}
     for v in variants:
-        s, r1 = by.get(v), m.get("ddp_weak", v, 1)
+        s, r1 = by.get(v), m.get(RATE, v, 1)
         if s and same_protocol(p, s.get("per_rank_batch"), (r1 or {}).get("data", {}).get("image_size")):
             return s
     return None
@@ -213,18 +238,21 @@ def forecast_rate(s: dict | None, level: float, k: int) -> dict | None:
 
 
 def rates(m, fc: dict | None, points: list[dict], ks, rule: str) -> dict[int, dict]:
-    """samples/s(k) for every k wanted, of the rule's step: measured by the weak-scaling
-    runs, else by the time-to-accuracy launches at a real k, else the throughput
-    forecast; a k with none is left out (not measured)."""
-    ref, variants = points[0], rate_variants(rule)
-    s = forecast_series(m, fc, ref, variants)
+    """samples/s(k) for every k wanted, of the rule's step, one series at every k
+    (rate_variant): measured by its weak-scaling runs, else by the time-to-accuracy
+    launches at a real k, else the throughput forecast of that series; a k with none is
+    left out (not measured)."""
+    ref = points[0]
+    v = rate_variant(m, fc, ref, rate_variants(rule))
+    s = forecast_series(m, fc, ref, (v,)) if v else None
     level = ((fc or {}).get("config") or {}).get("band_level", 0.9)
     by_k = {p["k"]: p for p in points}
     out = {}
     for k in sorted(set(ks)):
-        got = measured_rate(m, ref, k, variants) or (own_rate(by_k[k]) if k in by_k else None) or forecast_rate(s, level, k)
+        got = ((measured_rate(m, ref, k, v) if v else None) or (own_rate(by_k[k]) if k in by_k else None)
+               or forecast_rate(s, level, k))
         if got and got["value"]:
-            out[k] = got
+            out[k] = {"variant": v, **got}
     return out
 
 
@@ -421,14 +449,15 @@ def of_rule(m, rule: str, fc: dict | None) -> dict | None:
 
 def of_machine(m, fc: dict | None) -> dict:
     """Every LR rule of a machine: {"machine", "label", "rules": {rule: of_rule}, "primary"}:
-    the rule the first screen answers with (the book's where it ran)."""
+    the rule the first screen answers with (registry.ANSWER's where it ran, else the
+    book's protocol first)."""
     rules = {}
-    for rule in m.variants("ddp_tta"):
+    for rule in m.variants(EXPERIMENT):
         rec = of_rule(m, rule, fc)
         if rec:
             rules[rule] = rec
-    order = registry.get("ddp_tta").series_order(rules)   # the book's protocol first
-    primary = order[0] if order else None
+    order = registry.get(EXPERIMENT).series_order(rules)   # the book's protocol first
+    primary = registry.ANSWER.variant if registry.ANSWER.variant in rules else (order[0] if order else None)
     return {"machine": m.name, "label": m.label, "rules": rules, "primary": primary}
 
 

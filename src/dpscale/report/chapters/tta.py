@@ -50,16 +50,10 @@ def of(data: ReportData, m: Machine) -> dict | None:
 
 
 def weak_samples_per_s(m: Machine | None) -> dict[int, float]:
-    """samples/s(k) of a machine's weak scaling: the device-resident series, else the
-    first it has (the book's: seed)."""
-    if m is None:
-        return {}
-    variants = m.variants("ddp_weak")
-    for v in [x for x in ("cached",) if x in variants] + variants:
-        got = {k: metric(r, "samples_per_s") for k, r in m.series("ddp_weak", v).items() if ok(r)}
-        if got:
-            return got
-    return {}
+    """samples/s(k) of a machine's weak scaling, of the step the answer trains with
+    (dpscale.report.tta.weak_variant)."""
+    v = tta.weak_variant(m) if m is not None else None
+    return {k: metric(r, "samples_per_s") for k, r in m.series(tta.RATE, v).items() if ok(r)} if v else {}
 
 
 # ---------------------------------------------------------------- cells
