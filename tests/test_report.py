@@ -444,12 +444,16 @@ def test_time_to_accuracy_interpolates_fits_checks_and_forecasts(built):
     seeds = [r for r in rows_of(built, "tta_seeds") if r["machine"] == "this run" and r["lr_rule"] == "book"]
     assert len(seeds) == 9 and {r["crossing"] for r in seeds} <= {"interpolated", "exact", "never"}
     assert all(r["mlperf_epochs"] and r["epochs"] for r in seeds if r["converged"] == "True")
-    model = {r["lr_rule"]: r for r in rows_of(built, "tta_model") if r["machine"] == "this run"}
-    assert float(model["book"]["b_crit_samples"]) > 0 and model["book"]["e_min_interval_lo"] != ""
-    check = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "tta_holdout") if r["machine"] == "this run"}
+    model = {(r["lr_rule"], r["model"].split(":")[0]): r for r in rows_of(built, "tta_model") if r["machine"] == "this run"}
+    assert float(model[("book", "line")]["b_crit_samples"]) > 0 and model[("book", "line")]["e_min_interval_lo"] != ""
+    assert float(model[("book", "power law")]["alpha"]) > 0
+    assert float(model[("book", "line")]["weight"]) + float(model[("book", "power law")]["weight"]) == pytest.approx(1)
+    check = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "tta_holdout") if r["machine"] == "this run"
+             and r["check"] == "forward"}
     four = check[("book", "4")]
-    assert four["predicted_from"] == "k = 1, 2" and four["inside_band"] in ("True", "False")
-    assert float(four["band_lo"]) < float(four["predicted_epochs"]) < float(four["band_hi"]) and four["error_epochs"]
+    assert four["predicted_from"] == "k = 1, 2" and four["combined_inside"] in ("True", "False")
+    for m in ("line", "power", "combined"):   # each model and their mixture, with its band
+        assert float(four[f"{m}_band_lo"]) < float(four[f"{m}_epochs"]) < float(four[f"{m}_band_hi"]), m
     noise = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "tta_noise") if r["machine"] == "this run"}
     assert float(noise[("book", "2")]["b_simple"]) == pytest.approx(20.0, rel=0.05)
     assert noise[("book", "2")]["b_crit_over_b_simple"] != "" and noise[("book", "4")]["b_simple"] == "not measured"

@@ -25,7 +25,7 @@ import math
 
 from dpscale import registry
 from dpscale.analysis import stats
-from dpscale.analysis.stateff import batch_model, common, crossings, forecast as tta_forecast, over_seeds
+from dpscale.analysis.stateff import batch_model, common, crossings, forecast as tta_forecast, model_choice, over_seeds
 
 CLOCK = "evaluation on the clock"
 TRAIN = "training only"
@@ -338,15 +338,17 @@ def batch_points(points: list[dict]) -> dict:
     return {p["global_batch"]: _per_seed(p) for p in points if p["global_batch"] and p["seeds"]}
 
 
-def fit(points: list[dict]) -> tuple[dict | None, str]:
-    """batch_model.fit_batch_model over the scored points (at most one seed short of the
-    target, as MLPerf scores them), or None and why not."""
+def fit(points: list[dict]) -> tuple[dict | None, dict | None, str]:
+    """The models of samples to target over the scored points (at most one seed short of
+    the target, as MLPerf scores them): the line (batch_model.fit_batch_model) and the set
+    of both models with their weights (model_choice.choose), or None and why not."""
     scored = [p for p in points if p["scored"] and p["global_batch"]]
     sources = {p["global_batch"]: "emulated" if p["emulated"] else "measured" for p in scored}
     try:
-        return batch_model.fit_batch_model(batch_points(scored), sources=sources), ""
+        line = batch_model.fit_batch_model(batch_points(scored), sources=sources)
     except ValueError as e:
-        return None, str(e).removeprefix("fit_batch_model: ")
+        return None, None, str(e).removeprefix("fit_batch_model: ")
+    return line, model_choice.choose(batch_points(scored), sources=sources), ""
 
 
 def budget(points: list[dict]) -> float | None:
@@ -359,33 +361,51 @@ def budget(points: list[dict]) -> float | None:
 
 
 def holdout_rows(points: list[dict]) -> list[dict]:
-    """Each point with two or more scored batches below it, predicted from those alone
-    (batch_model.holdout: the prediction band for the mean of its converged seeds)."""
-    allp, rows = batch_points(points), []
-    for p in points:
-        below = [q for q in points if q["k"] < p["k"] and q["scored"]]
-        if len(below) < 2 or not p["global_batch"]:
-            continue
-        try:
-            h = batch_model.holdout(allp, p["global_batch"], fit_batches=[q["global_batch"] for q in below],
-                                budget=budget(points))
-        except ValueError as e:
-            rows.append({"k": p["k"], "from_ks": [q["k"] for q in below], "note": str(e)})
-            continue
-        rows.append({"k": p["k"], "run": p["run"], "global_batch": p["global_batch"],
-                     "from_ks": [q["k"] for q in below], **_holdout_fields(h, p["train_images"])})
+    """The models checked out of sample, every row: each point predicted from the smaller
+    k alone ("forward": two or more scored batches below it), and each point predicted
+    from every other scored k ("leave one out": the folds whose scores weigh the models),
+    a pair of batches counted once. Per row the line, the power law and their mixture
+    (model_choice.holdout: weights from the fitted batches' own folds only), and the
+    line's censoring check (batch_model.holdout: budget)."""
+    allp, rows, seen = batch_points(points), [], set()
+    scored = [q for q in points if q["scored"] and q["global_batch"]]
+    for kind in ("forward", "leave one out"):
+        for p in (p for p in points if p["global_batch"]):
+            fit_from = [q for q in scored if q is not p and (kind != "forward" or q["k"] < p["k"])]
+            key = (p["k"], tuple(q["k"] for q in fit_from))
+            if len(fit_from) < 2 or key in seen or (kind != "forward" and not p["scored"]):
+                continue
+            seen.add(key)
+            fb = [q["global_batch"] for q in fit_from]
+            try:
+                h = batch_model.holdout(allp, p["global_batch"], fit_batches=fb, budget=budget(points))
+                mc = model_choice.holdout(allp, p["global_batch"], fb)
+            except ValueError as e:
+                rows.append({"k": p["k"], "check": kind, "from_ks": list(key[1]), "note": str(e)})
+                continue
+            rows.append({"k": p["k"], "check": kind, "run": p["run"], "global_batch": p["global_batch"],
+                         "from_ks": list(key[1]), **_holdout_fields(h, mc, p["train_images"])})
     return rows
 
 
-def _holdout_fields(h: dict, n_img: int | None) -> dict:
+def _holdout_fields(h: dict, mc: dict, n_img: int | None) -> dict:
+    """A holdout row: the mixture's prediction and band first (what the forecast draws
+    from), then each model's; the line's censoring check."""
     ep = (lambda x: None if x is None or not n_img else x / n_img)
-    pr = h["predicted"]
-    return {"predicted_epochs": ep(pr["mean"]), "band_lo": ep(pr["pred_lo"]), "band_hi": ep(pr["pred_hi"]),
-            "band": h["band"], "measured_epochs": ep(h["measured_mean"]), "measured_n": h["measured_n"],
-            "censored_n": h["censored_n"], "error_epochs": ep(h["error"]), "relative_error": h["relative_error"],
-            "inside_band": h["inside_band"], "measured_is_lower_bound": h["measured_is_lower_bound"],
-            "p_seed_over_budget": h["p_seed_over_budget"], "p_censored_as_seen": h["p_censored_as_seen"],
-            "b_crit": h["fit"]["B_crit"]["value"], "note": ""}
+    c = mc["combined"]
+    out = {"predicted_epochs": ep(c["mean"]), "band_lo": ep(c["pred_lo"]), "band_hi": ep(c["pred_hi"]),
+           "band": h["band"], "measured_epochs": ep(h["measured_mean"]), "measured_n": h["measured_n"],
+           "censored_n": h["censored_n"], "relative_error": c["relative_error"], "inside_band": c["inside_band"],
+           "error_epochs": ep(c["mean"] - h["measured_mean"]) if h["measured_mean"] is not None else None,
+           "weights": mc["weights"], "weights_method": mc["method"],
+           "measured_is_lower_bound": h["measured_is_lower_bound"],
+           "p_seed_over_budget": h["p_seed_over_budget"], "p_censored_as_seen": h["p_censored_as_seen"],
+           "b_crit": h["fit"]["B_crit"]["value"], "note": ""}
+    for name, r in mc["models"].items():
+        out.update({f"{name}_epochs": ep(r["mean"]), f"{name}_band_lo": ep(r["pred_lo"]),
+                    f"{name}_band_hi": ep(r["pred_hi"]), f"{name}_relative_error": r["relative_error"],
+                    f"{name}_inside_band": r["inside_band"]})
+    return out
 
 
 def noise_rows(points: list[dict], model: dict | None) -> list[dict]:
@@ -411,7 +431,8 @@ def noise_rows(points: list[dict], model: dict | None) -> list[dict]:
 
 
 def forecast_of(model: dict | None, ks, per_rank_batch, thr: dict, e: float) -> dict | None:
-    """forecast.tta_forecast at every k, both forms: {"clock": ..., "train": ...}."""
+    """forecast.tta_forecast at every k, both forms, over the models (model_choice.choose's
+    set): {"clock": ..., "train": ...}."""
     if model is None or not per_rank_batch or not thr:
         return None
     return {"clock": tta_forecast.tta_forecast(model, ks, int(per_rank_batch), thr, eval_s_per_sample=e),
@@ -438,11 +459,12 @@ def of_rule(m, rule: str, fc: dict | None) -> dict | None:
     base = next((p for p in pts if p["k"] == 1 and p["scored"]), None)
     for p in pts:
         p.update(timing(p, base, e, thr.get(p["k"]), thr.get(1)))
-    model, why = fit(pts)
-    fcast = forecast_of(model, ks, pts[0]["per_rank_batch"], thr, e)
+    model, models, why = fit(pts)
+    fcast = forecast_of(models, ks, pts[0]["per_rank_batch"], thr, e)
     return {"rule": rule, "points": pts, "eval_s_per_sample": e, "target": pts[0]["target"],
             "train_images": pts[0]["train_images"], "per_rank_batch": pts[0]["per_rank_batch"],
-            "budget_samples": budget(pts), "max_epochs": pts[0]["max_epochs"], "fit": model, "fit_note": why,
+            "budget_samples": budget(pts), "max_epochs": pts[0]["max_epochs"], "fit": model, "models": models,
+            "fit_note": why,
             "holdout": holdout_rows(pts), "noise": noise_rows(pts, model), "forecast": fcast, "rates": thr,
             "measured_batches": sorted(p["global_batch"] for p in pts if p["scored"] and p["global_batch"])}
 

@@ -8,24 +8,11 @@ import math
 from typing import Iterable
 
 from dpscale.analysis import stats
-from dpscale.analysis.stateff.common import INF, LEVEL, SEEDS, mvt, percentiles, reached, t_quantile
+from dpscale.analysis.stateff.common import INF, LEVEL, SEEDS, converged, mvt, percentiles, reached, t_quantile
 from dpscale.analysis.stateff.noise import STEPS
 
 
 WEIGHTINGS = ("cv", "ols")
-
-
-def _points(points) -> tuple[list[float], list[float], dict]:
-    """{batch: [per-seed value or None]} -> the converged (B, E) pairs and the censored count per batch."""
-    xs, ys, cens = [], [], {}
-    for B, vals in sorted(points.items()):
-        for v in vals:
-            if reached(v):
-                xs.append(float(B))
-                ys.append(float(v))
-            else:
-                cens[B] = cens.get(B, 0) + 1
-    return xs, ys, cens
 
 
 def fit_batch_model(points: dict, weighting: str = "cv", level: float = LEVEL, sources: dict | None = None) -> dict:
@@ -62,7 +49,7 @@ def fit_batch_model(points: dict, weighting: str = "cv", level: float = LEVEL, s
     import numpy as np
     if weighting not in WEIGHTINGS:
         raise ValueError(f"fit_batch_model: weighting {weighting!r} is not one of {WEIGHTINGS}")
-    xs, ys, cens = _points(points)
+    xs, ys, cens = converged(points)
     x, y = np.array(xs), np.array(ys)
     batches = sorted({int(b) for b in xs})
     if len(batches) < 2 or x.size < 3:
@@ -76,7 +63,7 @@ def fit_batch_model(points: dict, weighting: str = "cv", level: float = LEVEL, s
     src = {int(B): (sources or {}).get(B, "measured") for B in batches}
     return {"E_min": _t_interval(a, math.sqrt(va), t), "S_min": _t_interval(b, math.sqrt(vb), t),
             "B_crit": _b_crit(a, b, va, vb, cab, df, level), "coef": [a, b], "cov": cov.tolist(), "df": df,
-            "sigma": math.sqrt(s2), "weighting": weighting, "n": int(x.size), "batches": batches,
+            "sigma": math.sqrt(s2), "weighting": weighting, "n": int(x.size), "batches": batches, "model": "line",
             "censored": {int(k): v for k, v in cens.items()}, "sources": src, "level": level, "covers": SEEDS}
 
 

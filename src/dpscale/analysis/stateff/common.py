@@ -48,3 +48,17 @@ def t_quantile(level: float, df: float) -> float:
     """Student's t multiplier of a standard error for a two-sided `level` interval."""
     from scipy import stats as sps
     return float(sps.t.ppf(0.5 + level / 2, df))
+
+
+def converged(points) -> tuple[list[float], list[float], dict]:
+    """{batch: [per-seed value or None]} -> the converged (B, E) pairs, as two lists, and
+    the censored count per batch."""
+    xs, ys, cens = [], [], {}
+    for B, vals in sorted(points.items()):
+        for v in vals:
+            if reached(v):
+                xs.append(float(B))
+                ys.append(float(v))
+            else:
+                cens[B] = cens.get(B, 0) + 1
+    return xs, ys, cens

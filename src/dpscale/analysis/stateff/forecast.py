@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from dpscale.analysis.stateff.batch_model import predict
-from dpscale.analysis.stateff.common import LEVEL, SEEDS, mvt, percentiles
+from dpscale.analysis.stateff import model_choice
+from dpscale.analysis.stateff.common import LEVEL, SEEDS, percentiles
 
 
 def _throughput_draws(rng, spec: dict, n: int):
@@ -27,59 +27,74 @@ def _throughput_draws(rng, spec: dict, n: int):
     return float(v) * np.exp(sigma * rng.standard_normal(n))
 
 
-def tta_forecast(fit: dict, ks: Iterable[int], per_rank_batch: int, throughput: dict,
+def tta_forecast(models: dict, ks: Iterable[int], per_rank_batch: int, throughput: dict,
                  eval_s_per_sample: float = 0.0, level: float = LEVEL, draws: int = 20000, seed: int = 0) -> dict:
     """Time to accuracy at each k: predicted samples to target at B = k x per_rank_batch
-    (fit_batch_model) over samples/s(k), plus the evaluation time.
+    over samples/s(k), plus the evaluation time.
 
+    models: model_choice.choose()'s record (the line and the power law with their
+    weights), or one fit (fit_batch_model's or fit_power_law's), taken alone.
     throughput: {k: {"value", "lo", "hi", "level", "source"}} (a value and a band at
     `level`, e.g. the scaling forecast's 90% band) or {k: {"draws": [...], "source"}};
     source says where it comes from ("measured", "forecast", ...). eval_s_per_sample:
     the evaluation time on the clock per training sample (evaluations come every fixed
     number of samples: a run's eval_s / samples trained), 0 to leave it out.
 
-    The band is joint, by Monte Carlo: E(B)'s mean from the fit's multivariate t (one
-    draw of (a, b) shared by every k, so the k's are compared on the same model) and
+    The band is joint, by Monte Carlo: per draw a model by its weight and its
+    parameters from the fit's multivariate t (one draw shared by every k, so the k's are
+    compared on the same model and fit), widened by model_choice.misfit_band, and
     samples/s(k) independently of it and of the other k's (an assumption: the
     forecast's errors at neighbouring k are likely correlated, which would narrow the
-    comparisons). The samples band is the confidence band of the mean (predict()),
-    so time is the expected time to accuracy, not one launch's.
+    comparisons). Samples are the expected samples to target (the mixture's mean; its
+    band the draws' percentiles), so time is the expected time to accuracy, not one
+    launch's. p_fastest carries the probability over the models: each model's share is
+    beside it (p_fastest_by_model, over that model's draws).
 
     Returns {"rows": [one per k: k, global_batch, samples, samples_lo, samples_hi,
-    samples_input ("measured" | "emulated" | "predicted": whether the fit had seeds at
-    that batch, and which), samples_per_s, samples_per_s_lo, samples_per_s_hi,
-    samples_per_s_input, time_s, time_s_lo, time_s_hi, gpu_hours (k x time),
-    gpu_hours_lo, gpu_hours_hi, speedup (time at k=1 / time at k, when k=1 is among
-    ks with a samples/s) with speedup_lo, speedup_hi, p_fastest, p_cheapest], "fastest_k",
-    "cheapest_k" (at the point values), "level", "draws", "covers", "method"}."""
+    samples_by_model, samples_input ("measured" | "emulated" | "predicted": whether the
+    fit had seeds at that batch, and which), samples_per_s, samples_per_s_lo,
+    samples_per_s_hi, samples_per_s_input, time_s, time_s_lo, time_s_hi, gpu_hours (k x
+    time), gpu_hours_lo, gpu_hours_hi, speedup (time at k=1 / time at k, when k=1 is
+    among ks with a samples/s) with speedup_lo, speedup_hi, p_fastest,
+    p_fastest_by_model, p_cheapest], "fastest_k", "cheapest_k" (at the point values),
+    "models" ({name: weight}), "model_method", "level", "draws", "covers", "method"}."""
     import numpy as np
+    s = model_choice.as_set(models)
     ks = sorted(int(k) for k in ks)
     rng = np.random.default_rng(seed)
-    ab = mvt(rng, fit["coef"], fit["cov"], fit["df"], draws)
+    batches = [k * per_rank_batch for k in ks]
+    expected, which = model_choice.draw_expected(s, batches, rng, draws)
     rows, times = [], {}
-    for k in ks:
-        B = k * per_rank_batch
-        p = predict(fit, B, level=level)
-        row = _untimed_row(k, B, p)
+    for i, k in enumerate(ks):
+        e_d = model_choice.misfit_band(expected[:, i], batches[i], s["fit_batches"], rng)
+        row = _untimed_row(k, batches[i], s, e_d, level)
         spec = throughput.get(k)
         if spec and spec.get("value", spec.get("draws")) is not None:
-            timing, times[k] = _time_to_target(k, p["mean"], ab[:, 0] + ab[:, 1] * B, spec, eval_s_per_sample,
-                                               level, rng)
+            timing, times[k] = _time_to_target(k, row["samples"], e_d, spec, eval_s_per_sample, level, rng)
             row.update(timing)
         rows.append(row)
-    _compare_ks(rows, times, level)
+    _compare_ks(rows, times, level, which)
     return {"rows": rows, "fastest_k": _best_k(rows, "time_s"), "cheapest_k": _best_k(rows, "gpu_hours"),
-            "level": level, "draws": draws, "covers": f"{SEEDS} (samples to target); the throughput band as given",
-            "method": "Monte Carlo: the fit's (a, b) and samples/s(k) drawn independently; percentile bands"}
+            "models": {model_choice.NAMES[n]: w for n, w in s["weights"].items()}, "model_method": s["method"],
+            "level": level, "draws": draws,
+            "covers": f"{SEEDS} (samples to target) and the choice of model; the throughput band as given",
+            "method": "Monte Carlo: a model per draw by its weight, its coefficients from its fit, and samples/s(k), "
+                      "drawn independently; percentile bands"}
 
 
-def _untimed_row(k: int, batch: int, p: dict) -> dict:
-    """tta_forecast's row at k from predict()'s samples to target, its time fields empty."""
-    return {"k": k, "global_batch": batch, "samples": p["mean"], "samples_lo": p["conf_lo"],
-            "samples_hi": p["conf_hi"], "samples_input": p["source"], "samples_per_s": None, "samples_per_s_lo": None,
+def _untimed_row(k: int, batch: int, s: dict, samples_d, level: float) -> dict:
+    """tta_forecast's row at k: the expected samples to target (the mixture's mean of the
+    models' predictions, each beside it) with the draws' band; its time fields empty."""
+    by = {n: model_choice.predict(f, batch, level=level) for n, f in s["fits"].items()}
+    lo, hi = percentiles(samples_d, level)
+    src = next(iter(by.values()))["source"]
+    return {"k": k, "global_batch": batch, "samples": sum(s["weights"][n] * p["mean"] for n, p in by.items()),
+            "samples_lo": lo, "samples_hi": hi, "samples_by_model": {n: p["mean"] for n, p in by.items()},
+            "samples_input": src, "samples_per_s": None, "samples_per_s_lo": None,
             "samples_per_s_hi": None, "samples_per_s_input": "not measured", "time_s": None, "time_s_lo": None,
             "time_s_hi": None, "gpu_hours": None, "gpu_hours_lo": None, "gpu_hours_hi": None, "speedup": None,
-            "speedup_lo": None, "speedup_hi": None, "p_fastest": None, "p_cheapest": None}
+            "speedup_lo": None, "speedup_hi": None, "p_fastest": None, "p_fastest_by_model": None,
+            "p_cheapest": None}
 
 
 def _time_to_target(k: int, samples: float, samples_d, spec: dict, eval_s_per_sample: float, level: float, rng):
@@ -98,9 +113,10 @@ def _time_to_target(k: int, samples: float, samples_d, spec: dict, eval_s_per_sa
             "gpu_hours_hi": k * thi / 3600}, t_d
 
 
-def _compare_ks(rows: list[dict], times: dict, level: float) -> None:
+def _compare_ks(rows: list[dict], times: dict, level: float, which) -> None:
     """Fills, on the same joint draws, each timed row's p_fastest and p_cheapest (the
-    share of draws where its k has the least time, or GPU-hours) and, when k=1 is
+    share of draws where its k has the least time, or GPU-hours), p_fastest_by_model
+    (the same among each model's draws; which: the model of each draw) and, when k=1 is
     timed, its speed-up over k=1 with a percentile band."""
     import numpy as np
     timed = [r["k"] for r in rows if r["k"] in times]
@@ -108,11 +124,13 @@ def _compare_ks(rows: list[dict], times: dict, level: float) -> None:
         return
     T = np.column_stack([times[k] for k in timed])
     G = T * np.array(timed, float)[None, :]
-    fast, cheap = np.bincount(T.argmin(1), minlength=len(timed)), np.bincount(G.argmin(1), minlength=len(timed))
+    first = T.argmin(1)
+    fast, cheap = np.bincount(first, minlength=len(timed)), np.bincount(G.argmin(1), minlength=len(timed))
     draws = T.shape[0]
     for i, k in enumerate(timed):
         r = next(r for r in rows if r["k"] == k)
-        r.update(p_fastest=float(fast[i] / draws), p_cheapest=float(cheap[i] / draws))
+        r.update(p_fastest=float(fast[i] / draws), p_cheapest=float(cheap[i] / draws),
+                 p_fastest_by_model={str(n): float(np.mean(first[which == n] == i)) for n in np.unique(which)})
         if 1 in times:
             lo, hi = percentiles(times[1] / times[k], level)
             r1 = next(r for r in rows if r["k"] == 1)

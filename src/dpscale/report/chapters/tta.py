@@ -176,33 +176,48 @@ def each_rule(data: ReportData):
 
 
 def model_rows(data: ReportData) -> list[dict]:
-    """The E(B) fit per machine and LR rule, in epochs, samples and steps."""
+    """Per machine and LR rule, each model of samples to target: the line (E_min, S_min,
+    B_crit) and the power law (alpha), each with its weight in the forecast and its
+    summed leave-one-batch-out log density."""
     rows = []
     for m, rule in each_rule(data):
         f, n = rule["fit"], rule["train_images"] or 1
         if f is None:
             rows.append({"machine": m.label, "lr_rule": rule["rule"], "note": f"no fit: {rule['fit_note']}"})
             continue
+        ms = rule["models"]
+        w = (lambda name: pc(ms["weights"].get(name)))
+        elpd = (lambda name: (ms["elpd"] or {}).get(name))
         e, s, b = f["E_min"], f["S_min"], f["B_crit"]
-        rows.append({"machine": m.label, "lr_rule": rule["rule"], "batches": listed(f["batches"]),
-                     "seeds_fitted": f["n"], "censored": listed(f"B={k}: {v}" for k, v in f["censored"].items()),
-                     "e_min_epochs": ep(e["value"] / n), "e_min_interval": iv(e["ci_lo"] / n, e["ci_hi"] / n,
-                                                                             lambda x: f"{x:.2f}"),
+        head = {"machine": m.label, "lr_rule": rule["rule"], "batches": listed(f["batches"]), "seeds_fitted": f["n"],
+                "censored": listed(f"B={k}: {v}" for k, v in f["censored"].items()), "df": f["df"],
+                "weighting_method": ms["method"]}
+        rows.append({**head, "model": "line: E_min (1 + B / B_crit)", "weight": w("line"), "lobo_log_density":
+                     elpd("line"), "e_min_epochs": ep(e["value"] / n),
+                     "e_min_interval": iv(e["ci_lo"] / n, e["ci_hi"] / n, lambda x: f"{x:.2f}"),
                      "s_min_steps": s["value"], "s_min_interval": iv(s["ci_lo"], s["ci_hi"]),
                      "b_crit_samples": b["value"], "b_crit_interval": iv(b["ci_lo"], b["ci_hi"]),
-                     "per_seed_cv": pc(f["sigma"]) if f["weighting"] == "cv" else f["sigma"], "df": f["df"],
-                     "weighting": f["weighting"], "note": b["note"]})
+                     "per_seed_cv": pc(f["sigma"]) if f["weighting"] == "cv" else f["sigma"], "note": b["note"]})
+        pw = ms["fits"].get("power")
+        if pw:
+            a = pw["alpha"]
+            rows.append({**head, "model": "power law: c B^alpha", "weight": w("power"),
+                         "lobo_log_density": elpd("power"), "alpha": a["value"],
+                         "alpha_interval": iv(a["ci_lo"], a["ci_hi"], lambda x: f"{x:.2f}"),
+                         "per_seed_cv": pc(pw["sigma"]), "note": ""})
     return rows
 
 
-MODEL_COLUMNS = ["machine", "lr_rule", "batches", "seeds_fitted", "censored", "e_min_epochs", "e_min_interval",
-                 "s_min_steps", "s_min_interval", "b_crit_samples", "b_crit_interval", "per_seed_cv", "df",
-                 "weighting", "note"]
+MODEL_COLUMNS = ["machine", "lr_rule", "model", "weight", "lobo_log_density", "batches", "seeds_fitted", "censored",
+                 "e_min_epochs", "e_min_interval", "s_min_steps", "s_min_interval", "b_crit_samples",
+                 "b_crit_interval", "alpha", "alpha_interval", "per_seed_cv", "df", "weighting_method", "note"]
 NOISE_COLUMNS = ["machine", "lr_rule", "k", "global_batch", "b_simple", "b_simple_interval", "b_simple_covers",
                  "noise_source", "b_crit", "b_crit_over_b_simple", "ratio_interval", "same_order"]
-HOLDOUT_COLUMNS = ["machine", "lr_rule", "k", "run", "global_batch", "predicted_from", "predicted_epochs", "band",
-                   "band_kind", "measured_epochs", "seeds_measured", "error_epochs", "relative_error", "inside_band",
-                   "seeds_censored", "p_seed_over_budget", "p_censored_as_seen", "b_crit_of_fit", "note"]
+HOLDOUT_COLUMNS = ["machine", "lr_rule", "k", "run", "global_batch", "check", "predicted_from", "measured_epochs",
+                   "seeds_measured", "line_epochs", "line_error", "line_band", "line_inside", "power_epochs",
+                   "power_error", "power_band", "power_inside", "weight_line", "combined_epochs", "combined_error",
+                   "combined_band", "combined_inside", "seeds_censored", "p_seed_over_budget", "p_censored_as_seen",
+                   "b_crit_of_fit", "note"]
 
 
 def noise_rows(data: ReportData) -> list[dict]:
@@ -216,17 +231,24 @@ def noise_rows(data: ReportData) -> list[dict]:
 
 def holdout_rows(data: ReportData) -> list[dict]:
     rows = []
+    two = (lambda lo, hi: iv(lo, hi, lambda x: f"{x:.2f}"))
     for m, rule in each_rule(data):
         for h in rule["holdout"]:
-            rows.append({"machine": m.label, "lr_rule": rule["rule"], "k": h["k"], "run": h.get("run", ""),
-                         "global_batch": h.get("global_batch"), "predicted_from": "k = " + listed(h["from_ks"]),
-                         "predicted_epochs": ep(h.get("predicted_epochs")),
-                         "band": iv(h.get("band_lo"), h.get("band_hi"), lambda x: f"{x:.2f}"),
-                         "band_kind": h.get("band", ""), "measured_epochs": ep(h.get("measured_epochs")),
-                         "seeds_measured": h.get("measured_n"), "error_epochs": h.get("error_epochs"),
-                         "relative_error": pc(h.get("relative_error")), "inside_band": h.get("inside_band"),
-                         "seeds_censored": h.get("censored_n"), "p_seed_over_budget": h.get("p_seed_over_budget"),
-                         "p_censored_as_seen": h.get("p_censored_as_seen"), "b_crit_of_fit": h.get("b_crit"),
+            g = h.get
+            rows.append({"machine": m.label, "lr_rule": rule["rule"], "k": h["k"], "run": g("run", ""),
+                         "global_batch": g("global_batch"), "check": g("check", ""),
+                         "predicted_from": "k = " + listed(h["from_ks"]), "measured_epochs": ep(g("measured_epochs")),
+                         "seeds_measured": g("measured_n"), "line_epochs": ep(g("line_epochs")),
+                         "line_error": pc(g("line_relative_error")), "line_band": two(g("line_band_lo"),
+                                                                                      g("line_band_hi")),
+                         "line_inside": g("line_inside_band"), "power_epochs": ep(g("power_epochs")),
+                         "power_error": pc(g("power_relative_error")),
+                         "power_band": two(g("power_band_lo"), g("power_band_hi")), "power_inside":
+                         g("power_inside_band"), "weight_line": pc((g("weights") or {}).get("line"), 0),
+                         "combined_epochs": ep(g("predicted_epochs")), "combined_error": pc(g("relative_error")),
+                         "combined_band": two(g("band_lo"), g("band_hi")), "combined_inside": g("inside_band"),
+                         "seeds_censored": g("censored_n"), "p_seed_over_budget": g("p_seed_over_budget"),
+                         "p_censored_as_seen": g("p_censored_as_seen"), "b_crit_of_fit": g("b_crit"),
                          "note": holdout_note(h, rule)})
     return rows
 
@@ -242,9 +264,10 @@ def holdout_note(h: dict, rule: dict) -> str:
     return ""
 
 
-FORECAST_COLUMNS = ["machine", "lr_rule", "k", "nodes", "global_batch", "epochs", "epochs_band", "samples_input",
-                    "over_budget", "samples_per_s", "samples_per_s_band", "samples_per_s_input", "time_to_accuracy_s",
-                    "time_to_accuracy_band", "speedup", "speedup_band", "p_fastest", "time_training_only_s",
+FORECAST_COLUMNS = ["machine", "lr_rule", "k", "nodes", "global_batch", "epochs", "epochs_band", "epochs_line",
+                    "epochs_power", "samples_input", "over_budget", "samples_per_s", "samples_per_s_band",
+                    "samples_per_s_input", "time_to_accuracy_s", "time_to_accuracy_band", "eval_share", "speedup",
+                    "speedup_band", "p_fastest", "p_fastest_line", "p_fastest_power", "time_training_only_s",
                     "speedup_training_only", "speedup_training_only_band", "gpu_hours", "gpu_hours_band",
                     "p_cheapest"]
 
@@ -257,9 +280,14 @@ def forecast_rows(data: ReportData) -> list[dict]:
         for r in (f["clock"]["rows"] if f else []):
             t = tta.forecast_row(rule, r["k"], "train") or {}
             nodes = (rule["rates"].get(r["k"]) or {}).get("nodes", 1)
+            by, pf = r.get("samples_by_model") or {}, r.get("p_fastest_by_model") or {}
+            share = (r["time_s"] - t["time_s"]) / r["time_s"] if r["time_s"] and t.get("time_s") else None
             rows.append({"machine": m.label, "lr_rule": rule["rule"], "k": r["k"], "nodes": nodes,
                          "global_batch": r["global_batch"], "epochs": ep(r["samples"] / n),
                          "epochs_band": iv(r["samples_lo"] / n, r["samples_hi"] / n, lambda x: f"{x:.2f}"),
+                         "epochs_line": ep(by["line"] / n if "line" in by else None),
+                         "epochs_power": ep(by["power"] / n if "power" in by else None), "eval_share": pc(share, 0),
+                         "p_fastest_line": pc(pf.get("line")), "p_fastest_power": pc(pf.get("power")),
                          "samples_input": r["samples_input"], "over_budget": bool(cap and r["samples"] > cap),
                          "samples_per_s": r["samples_per_s"],
                          "samples_per_s_band": iv(r["samples_per_s_lo"], r["samples_per_s_hi"]),
@@ -332,20 +360,27 @@ def headline(data: ReportData) -> str:
 
 
 def check_text(data: ReportData) -> str:
-    """The out-of-sample check in one line per machine and rule."""
+    """The out-of-sample check in one line per machine and rule: each row's mixture (the
+    forecast's) against the measurement, then each model's mean error and how many of
+    the rows the mixture's band holds."""
     parts = []
     for m, rule in each_rule(data):
         rows = [h for h in rule["holdout"] if h.get("measured_epochs") is not None]
         cens = [h for h in rule["holdout"] if h.get("measured_epochs") is None and h.get("censored_n")]
         if not rows and not cens:
             continue
-        txt = ", ".join(f"k={h['k']} from k <= {max(h['from_ks'])}: {h['predicted_epochs']:.2f} epochs predicted, "
+        txt = ", ".join(f"k={h['k']} from k = {listed(h['from_ks'])}: {h['predicted_epochs']:.2f} epochs predicted, "
                         f"{h['measured_epochs']:.2f} measured ({100 * h['relative_error']:+.1f}%, "
                         f"{'inside' if h['inside_band'] else 'OUTSIDE'} its band)" for h in rows)
         txt += "".join(f"{', ' if txt else ''}k={h['k']}: {h['predicted_epochs']:.2f} epochs predicted, "
                        f"{h['censored_n']} seed(s) not at the target in the budget (P = {h['p_censored_as_seen']:.2f})"
                        for h in cens)
-        parts.append(f"{m.label}, {rule['rule']} LR, out of sample: {txt}")
+        mean = (lambda key: sum(abs(h[key]) for h in rows) / len(rows) if rows else None)
+        summary = (f" (mean |error| over the {len(rows)} rows: the line {100 * mean('line_relative_error'):.1f}%, "
+                   f"the power law {100 * mean('power_relative_error'):.1f}%, their mixture "
+                   f"{100 * mean('relative_error'):.1f}%; the mixture's band holds {sum(bool(h['inside_band']) for h in rows)}"
+                   f" of {len(rows)})") if rows and all(h.get("power_relative_error") is not None for h in rows) else ""
+        parts.append(f"{m.label}, {rule['rule']} LR, out of sample: {txt}{summary}")
     return "; ".join(parts)
 
 
@@ -370,13 +405,16 @@ def tables(data: ReportData) -> list:
         t("goodput", "Time to accuracy = samples to target x (1 / samples/s(k) + evaluation seconds per sample), "
           "and its speed-up over k=1, in two forms: evaluation on the clock, and training only", goodput_rows(data),
           GOODPUT_COLUMNS, note=GOODPUT_NOTE),
-        t("tta_model", "Samples to target against the global batch, E(B) = E_min (1 + B / B_crit), fitted over the "
-          "seeds (weighted for a constant coefficient of variation; 95% intervals over seeds)", model_rows(data),
-          MODEL_COLUMNS),
+        t("tta_model", "Samples to target against the global batch, two models fitted over the seeds: the line E(B) = "
+          "E_min (1 + B / B_crit) (weighted for a constant coefficient of variation) and the power law c B^alpha "
+          "(least squares on the logs); 95% intervals over seeds; each model's weight in the forecast from its "
+          "leave-one-batch-out predictive scores", model_rows(data), MODEL_COLUMNS),
         t("tta_noise", "The measured gradient noise scale B_simple beside the fitted B_crit (McCandlish et al. 2018: "
           "the same order of magnitude expected, not forced)", noise_rows(data), NOISE_COLUMNS),
-        t("tta_holdout", "The E(B) model checked out of sample: each k predicted from the smaller k only, against "
-          "what was measured there", holdout_rows(data), HOLDOUT_COLUMNS),
+        t("tta_holdout", "The models checked out of sample, every row: each k predicted from the smaller k only "
+          "(forward) and from every other k (leave one out: the folds that weigh the models), by the line, the power "
+          "law and their mixture (weights from the fitted k's own folds), against the mean of the seeds measured "
+          "there; bands: 95% for the mean of that many seeds", holdout_rows(data), HOLDOUT_COLUMNS),
         t("tta_forecast", "Time-to-accuracy forecast: predicted samples to target at k x the per-rank batch over "
           "samples/s(k) (measured, or the throughput forecast), with a joint band", forecast_rows(data),
           FORECAST_COLUMNS, note=FORECAST_NOTE),
@@ -389,9 +427,12 @@ GOODPUT_NOTE = ("samples/s(k) at time to accuracy's per-rank batch and image siz
                 "seeds, samples/s at its value. clock_speedup: the seeds' own clocks, where k=1 and k both ran on "
                 "real devices. Goodput efficiency = speed-up (training only) / k = hardware x statistical "
                 "efficiency.")
-FORECAST_NOTE = ("Bands by Monte Carlo: the fit's coefficients (95%, over seeds) and samples/s(k) (the throughput "
-                 "forecast's band) drawn independently; p_fastest and p_cheapest: the share of draws in which that "
-                 "k takes the least time or GPU-hours. samples_input says whether seeds ran at that batch; "
+FORECAST_NOTE = ("Bands by Monte Carlo: per draw a model by its weight (the line or the power law), its "
+                 "coefficients (95%, over seeds) and samples/s(k) (the throughput forecast's band), drawn "
+                 "independently; epochs is the mixture's, epochs_line and epochs_power each model's; p_fastest and "
+                 "p_cheapest: the share of draws in which that k takes the least time or GPU-hours (p_fastest_line "
+                 "and _power: among that model's draws); eval_share: the evaluation's share of the predicted time "
+                 "with the evaluation on the clock. samples_input says whether seeds ran at that batch; "
                  "over_budget: more samples than a launch was allowed (max_epochs), so no run there would have "
                  "been scored.")
 
