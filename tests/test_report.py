@@ -454,9 +454,12 @@ def test_time_to_accuracy_interpolates_fits_checks_and_forecasts(built):
     assert four["predicted_from"] == "k = 1, 2" and four["combined_inside"] in ("True", "False")
     for m in ("line", "power", "combined"):   # each model and their mixture, with its band
         assert float(four[f"{m}_band_lo"]) < float(four[f"{m}_epochs"]) < float(four[f"{m}_band_hi"]), m
-    noise = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "tta_noise") if r["machine"] == "this run"}
-    assert float(noise[("book", "2")]["b_simple"]) == pytest.approx(20.0, rel=0.05)
-    assert noise[("book", "2")]["b_crit_over_b_simple"] != "" and noise[("book", "4")]["b_simple"] == "not measured"
+    noise = {(r["lr_rule"], r["k"], r["window"].split(" (")[0]): r for r in rows_of(built, "tta_noise")
+             if r["machine"] == "this run"}
+    start = "step 0 to the target"
+    assert float(noise[("book", "2", start)]["b_noise"]) == pytest.approx(20.0, rel=0.05)
+    assert noise[("book", "2", start)]["b_crit_over_b_noise"] != "" and noise[("book", "4", start)]["b_noise"] == \
+        "not measured"
     grid = [r for r in rows_of(built, "tta_forecast") if r["machine"] == "this run" and r["lr_rule"] == "book"]
     assert [int(r["k"]) for r in grid][-1] == 128 and {r["samples_input"] for r in grid} >= {"measured", "predicted"}
     assert any(r["nodes"] == "4" and r["speedup_band_lo"] != "" for r in grid)

@@ -26,6 +26,7 @@ import math
 from dpscale import registry
 from dpscale.analysis import stats
 from dpscale.analysis.stateff import batch_model, common, crossings, forecast as tta_forecast, model_choice, over_seeds
+from dpscale.report import tta_noise
 
 CLOCK = "evaluation on the clock"
 TRAIN = "training only"
@@ -113,7 +114,8 @@ def point(k: int, r: dict, run: str) -> dict:
     return {"k": k, "run": run, "emulated": bool(g.get("emulated")), "global_batch": g.get("global_batch"),
             "per_rank_batch": g.get("per_rank_batch"), "image_size": (r.get("data") or {}).get("image_size")
             or g.get("image_size"), "train_images": n_img, "target": target, "max_epochs": g.get("max_epochs"),
-            "eval_every_samples": g.get("eval_every_samples"), "seeds": seeds, "samples": est["value"],
+            "eval_every_samples": g.get("eval_every_samples"), "eval_near_margin": g.get("eval_near_margin"),
+            "seeds": seeds, "samples": est["value"],
             "samples_lo": est["lo"], "samples_hi": est["hi"], "samples_how": est["how"], "epochs": ep(est["value"]),
             "epochs_lo": ep(est["lo"]), "epochs_hi": ep(est["hi"]), "scored": est["value"] is not None,
             "mlperf_samples": g.get("samples_to_target"), "mlperf_epochs": g.get("epochs_to_target"),
@@ -408,28 +410,6 @@ def _holdout_fields(h: dict, mc: dict, n_img: int | None) -> dict:
     return out
 
 
-def noise_rows(points: list[dict], model: dict | None) -> list[dict]:
-    """Per k >= 2: the measured B_simple (the worker's noise_scale) beside the fitted
-    B_crit (batch_model.compare_b_crit), or "not measured"."""
-    rows = []
-    for p in points:
-        if p["k"] < 2:
-            continue
-        n = p["noise"]
-        row = {"k": p["k"], "global_batch": p["global_batch"], "b_simple": None, "b_simple_lo": None,
-               "b_simple_hi": None, "b_simple_covers": "", "noise_source": "not measured",
-               "b_crit": model["B_crit"]["value"] if model else None, "ratio": None, "ratio_lo": None,
-               "ratio_hi": None, "same_order": None}
-        if n:
-            row.update(b_simple=n["b_simple"], b_simple_lo=n.get("ci_lo"), b_simple_hi=n.get("ci_hi"),
-                       b_simple_covers=n.get("covers", ""), noise_source=n["source"])
-            if model and n.get("cov") is not None:
-                c = batch_model.compare_b_crit(model, n)
-                row.update(ratio=c["ratio"], ratio_lo=c["ci_lo"], ratio_hi=c["ci_hi"], same_order=c["same_order"])
-        rows.append(row)
-    return rows
-
-
 def forecast_of(model: dict | None, ks, per_rank_batch, thr: dict, e: float) -> dict | None:
     """forecast.tta_forecast at every k, both forms, over the models (model_choice.choose's
     set): {"clock": ..., "train": ...}."""
@@ -458,14 +438,15 @@ def of_rule(m, rule: str, fc: dict | None) -> dict | None:
     thr = rates(m, fc, pts, ks, rule)
     base = next((p for p in pts if p["k"] == 1 and p["scored"]), None)
     for p in pts:
-        p.update(timing(p, base, e, thr.get(p["k"]), thr.get(1)))
+        p.update(timing(p, base, e, thr.get(p["k"]), thr.get(1)), noise_windows=tta_noise.windows(p))
     model, models, why = fit(pts)
     fcast = forecast_of(models, ks, pts[0]["per_rank_batch"], thr, e)
     return {"rule": rule, "points": pts, "eval_s_per_sample": e, "target": pts[0]["target"],
             "train_images": pts[0]["train_images"], "per_rank_batch": pts[0]["per_rank_batch"],
             "budget_samples": budget(pts), "max_epochs": pts[0]["max_epochs"], "fit": model, "models": models,
             "fit_note": why,
-            "holdout": holdout_rows(pts), "noise": noise_rows(pts, model), "forecast": fcast, "rates": thr,
+            "holdout": holdout_rows(pts), "noise": tta_noise.rows(pts, model),
+            "noise_intervals": tta_noise.interval_rows(pts), "forecast": fcast, "rates": thr,
             "measured_batches": sorted(p["global_batch"] for p in pts if p["scored"] and p["global_batch"])}
 
 

@@ -195,7 +195,7 @@ def compare_b_crit(fit: dict, noise: dict, level: float = LEVEL, draws: int = 20
     out = {"ratio": None, "ci_lo": None, "ci_hi": None, "log10_ratio": None, "same_order": None,
            "b_crit": fit["B_crit"]["value"], "b_simple": noise.get("b_simple"), "level": level,
            "method": f"Monte Carlo ({draws} draws), the fit and the noise scale independent",
-           "covers": f"{SEEDS} (B_crit) and {STEPS} (B_simple)"}
+           "covers": f"{SEEDS} (B_crit) and {noise.get('covers') or STEPS} (the noise scale)"}
     if not out["b_crit"] or not out["b_simple"] or noise.get("cov") is None:
         out["method"] = "no ratio: B_crit or B_simple is missing or not positive"
         return out

@@ -162,3 +162,4 @@ def b_simple_pooled(windows, blocks: int = 10, level: float = LEVEL) -> dict:
                method=f"{r['method']} over blocks of consecutive steps within each seed's window")
     return out
 
+

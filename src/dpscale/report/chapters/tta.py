@@ -17,7 +17,8 @@ FIGURES = (FigureSpec("tta_epochs", "Epochs to the target accuracy against the g
                                     "mean with its interval, MLPerf's score, and the fitted E(B) with its band"),
            FigureSpec("tta_goodput", "Time to accuracy against k (measured, emulated, predicted), and goodput "
                                      "efficiency split into hardware and statistical efficiency"))
-TABLES = ("tta", "tta_seeds", "goodput", "tta_model", "tta_noise", "tta_holdout", "tta_forecast")
+TABLES = ("tta", "tta_seeds", "goodput", "tta_model", "tta_noise", "tta_noise_intervals", "tta_holdout",
+          "tta_forecast")
 TTA_COLUMNS = ["machine", "lr_rule", "k", "run", "global_batch", "target_accuracy", "seeds", "epochs_to_target",
                "epochs_interval", "samples_to_target", "samples_interval", "mlperf_epochs", "mlperf_epochs_min",
                "mlperf_epochs_max", "mlperf_samples_to_target", "seconds_to_target", "seconds_min", "seconds_max",
@@ -211,8 +212,11 @@ def model_rows(data: ReportData) -> list[dict]:
 MODEL_COLUMNS = ["machine", "lr_rule", "model", "weight", "lobo_log_density", "batches", "seeds_fitted", "censored",
                  "e_min_epochs", "e_min_interval", "s_min_steps", "s_min_interval", "b_crit_samples",
                  "b_crit_interval", "alpha", "alpha_interval", "per_seed_cv", "df", "weighting_method", "note"]
-NOISE_COLUMNS = ["machine", "lr_rule", "k", "global_batch", "b_simple", "b_simple_interval", "b_simple_covers",
-                 "noise_source", "b_crit", "b_crit_over_b_simple", "ratio_interval", "same_order"]
+NOISE_COLUMNS = ["machine", "lr_rule", "k", "global_batch", "window", "b_noise", "b_noise_interval", "covers",
+                 "seeds", "steps", "source", "b_crit", "b_crit_interval", "b_crit_over_b_noise", "ratio_interval",
+                 "same_order"]
+NOISE_INTERVAL_COLUMNS = ["machine", "lr_rule", "k", "global_batch", "from_epochs", "to_epochs", "seeds", "steps",
+                          "b_simple", "b_simple_interval", "covers"]
 HOLDOUT_COLUMNS = ["machine", "lr_rule", "k", "run", "global_batch", "check", "predicted_from", "measured_epochs",
                    "seeds_measured", "line_epochs", "line_error", "line_band", "line_inside", "power_epochs",
                    "power_error", "power_band", "power_inside", "weight_line", "combined_epochs", "combined_error",
@@ -222,11 +226,25 @@ HOLDOUT_COLUMNS = ["machine", "lr_rule", "k", "run", "global_batch", "check", "p
 
 def noise_rows(data: ReportData) -> list[dict]:
     return [{"machine": m.label, "lr_rule": rule["rule"], "k": r["k"], "global_batch": r["global_batch"],
-             "b_simple": r["b_simple"] if r["b_simple"] is not None else "not measured",
-             "b_simple_interval": iv(r["b_simple_lo"], r["b_simple_hi"]), "b_simple_covers": r["b_simple_covers"],
-             "noise_source": r["noise_source"], "b_crit": r["b_crit"], "b_crit_over_b_simple": r["ratio"],
-             "ratio_interval": iv(r["ratio_lo"], r["ratio_hi"]), "same_order": r["same_order"]}
+             "window": r["window_text"], "b_noise": r["b_noise"] if r["b_noise"] is not None else "not measured",
+             "b_noise_interval": iv(r["b_noise_lo"], r["b_noise_hi"]), "covers": r["covers"], "seeds": r["seeds"],
+             "steps": r["steps"], "source": r["source"], "b_crit": r["b_crit"],
+             "b_crit_interval": iv(r["b_crit_lo"], r["b_crit_hi"]), "b_crit_over_b_noise": r["ratio"],
+             "ratio_interval": iv(r["ratio_lo"], r["ratio_hi"], lambda x: f"{x:.2f}"), "same_order": r["same_order"]}
             for m, rule in each_rule(data) for r in rule["noise"]]
+
+
+def noise_interval_rows(data: ReportData) -> list[dict]:
+    out = []
+    for m, rule in each_rule(data):
+        n = rule["train_images"] or None
+        for r in rule["noise_intervals"]:
+            out.append({"machine": m.label, "lr_rule": rule["rule"], "k": r["k"], "global_batch": r["global_batch"],
+                        "from_epochs": ep(r["from_samples"] / n if n else None),
+                        "to_epochs": ep(r["to_samples"] / n if n else None), "seeds": r["seeds"],
+                        "steps": r["steps"], "b_simple": r["b_simple"], "b_simple_interval": iv(r["ci_lo"], r["ci_hi"]),
+                        "covers": r["covers"]})
+    return out
 
 
 def holdout_rows(data: ReportData) -> list[dict]:
@@ -346,8 +364,24 @@ def epochs_headline(data: ReportData) -> str:
                f"{fmt_num(f['B_crit']['value'])} samples {iv(f['B_crit']['ci_lo'], f['B_crit']['ci_hi'])}"
                if f and rule["train_images"] else "")
         parts.append(f"{m.label}, {rule['rule']} LR: epochs to {rule['target']:.0%} (interpolated crossings, mean "
-                     f"[95% over seeds]) " + ", ".join(pts) + fit)
+                     f"[95% over seeds]) " + ", ".join(pts) + fit + noise_text(rule))
     return "; ".join(parts) or "No time-to-accuracy result."
+
+
+def noise_text(rule: dict) -> str:
+    """B_crit's counterpart in words: the progress-weighted noise scale (every k pooled),
+    its range near the target, and the step-0-to-target B_simple said for what it is."""
+    by = {(r["k"], r["window"]): r for r in rule["noise"] if r["b_noise"] is not None}
+    pw = by.get(("k >= 2", "progress"))
+    if not pw:
+        return ""
+    near = [r["b_noise"] for (k, w), r in by.items() if w == "near"]
+    start = [r["b_noise"] for (k, w), r in by.items() if w == "start"]
+    return (f"; the gradient noise scale, progress-weighted over the run (what E(B) ties to B_crit), "
+            f"{fmt_num(pw['b_noise'])} {iv(pw['b_noise_lo'], pw['b_noise_hi'])} over every seed of every k >= 2"
+            + (f", {fmt_num(min(near))}-{fmt_num(max(near))} near the target" if near else "")
+            + (f", {fmt_num(min(start))}-{fmt_num(max(start))} from step 0 to the target (the first steps dominate "
+               "that one)" if start else ""))
 
 
 def headline(data: ReportData) -> str:
@@ -409,8 +443,14 @@ def tables(data: ReportData) -> list:
           "E_min (1 + B / B_crit) (weighted for a constant coefficient of variation) and the power law c B^alpha "
           "(least squares on the logs); 95% intervals over seeds; each model's weight in the forecast from its "
           "leave-one-batch-out predictive scores", model_rows(data), MODEL_COLUMNS),
-        t("tta_noise", "The measured gradient noise scale B_simple beside the fitted B_crit (McCandlish et al. 2018: "
-          "the same order of magnitude expected, not forced)", noise_rows(data), NOISE_COLUMNS),
+        t("tta_noise", "The gradient noise scale over three windows of each seed's run, pooled over the seeds, beside "
+          "the fitted B_crit: from step 0 to the target (the worker's B_simple: the first steps dominate it), near "
+          "the target, and the progress-weighted average over the run, which the E(B) model ties to B_crit "
+          "(McCandlish et al. 2018's per-step model); B_crit over it with a Monte Carlo interval", noise_rows(data),
+          NOISE_COLUMNS, note=NOISE_NOTE),
+        t("tta_noise_intervals", "The gradient noise scale per evaluation interval (tr(Sigma) over |G|^2 summed over "
+          "the seeds' steps in it, up to each seed's target), Fieller's 95% interval over the seeds",
+          noise_interval_rows(data), NOISE_INTERVAL_COLUMNS),
         t("tta_holdout", "The models checked out of sample, every row: each k predicted from the smaller k only "
           "(forward) and from every other k (leave one out: the folds that weigh the models), by the line, the power "
           "law and their mixture (weights from the fitted k's own folds), against the mean of the seeds measured "
@@ -427,6 +467,13 @@ GOODPUT_NOTE = ("samples/s(k) at time to accuracy's per-rank batch and image siz
                 "seeds, samples/s at its value. clock_speedup: the seeds' own clocks, where k=1 and k both ran on "
                 "real devices. Goodput efficiency = speed-up (training only) / k = hardware x statistical "
                 "efficiency.")
+NOISE_NOTE = ("Each window's noise scale is the sum of tr(Sigma) over the sum of |G|^2 over its steps, pooled over "
+              "the seeds; its interval is Fieller's over the seeds (each seed's window one sample), except the "
+              "worker's step-0-to-target B_simple, whose interval covers blocks of steps only. The progress-weighted "
+              "average weighs each step by the progress it makes under the per-step model, 1 / (1 + B_noise / B): "
+              "the sum of tr(Sigma) / |G_B|^2 over the sum of |G|^2 / |G_B|^2, per evaluation interval, |G_B|^2 the "
+              "expected squared norm of the batch gradient; it is the noise scale that E_min / S_min estimates. "
+              "'k >= 2' pools it over every seed of every k.")
 FORECAST_NOTE = ("Bands by Monte Carlo: per draw a model by its weight (the line or the power law), its "
                  "coefficients (95%, over seeds) and samples/s(k) (the throughput forecast's band), drawn "
                  "independently; epochs is the mixture's, epochs_line and epochs_power each model's; p_fastest and "
