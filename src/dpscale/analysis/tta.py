@@ -35,6 +35,20 @@ def lr_at(scaling: str, k: int, samples_seen: int, warmup_samples: int, base: fl
     return base + (peak - base) * samples_seen / warmup_samples
 
 
+def draw_seeds(run_id: int, n: int) -> list[int]:
+    """n distinct seeds from a run id: seed i = the first 31 bits of SHA-256("run_id:i")
+    (31 bits: torch.manual_seed, numpy and the data order's generator all take it). The
+    same id gives the same seeds, so a measurement is reproduced by listing them."""
+    import hashlib
+    out, i = [], 0
+    while len(out) < n:
+        seed = int.from_bytes(hashlib.sha256(f"{run_id}:{i}".encode()).digest()[:4], "big") >> 1
+        if seed not in out:
+            out.append(seed)
+        i += 1
+    return out
+
+
 def score(runs: list[dict], measure: str) -> dict:
     """MLPerf's score of N launches for one measure (seconds, samples or epochs to
     target): drop the fastest and the slowest, the mean of the rest. A launch that

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import secrets
 import time
 
 import torch
@@ -496,12 +497,27 @@ def noise_record(noise, steps: int | None) -> dict:
 
 # ---------------------------------------------------------------- the point: every seed
 
+def seeds_of(ctx: Ctx) -> tuple[list[int], int | None]:
+    """The launches' seeds and the run id they were drawn from: tta_seeds as listed (to
+    reproduce a measurement; run id None), or that many drawn fresh (tta.draw_seeds) from
+    a random id rank 0 makes now and broadcasts, so each measurement's seeds are new while
+    the job's params stay the same (Snakemake reruns nothing for it)."""
+    want = ctx.proto["tta_seeds"]
+    if isinstance(want, list):
+        return [int(s) for s in want], None
+    t = torch.tensor([secrets.randbits(63) if ctx.rank == 0 else 0], dtype=torch.int64, device=ctx.device)
+    dist.broadcast(t, 0)
+    run_id = int(t.item())
+    return tta.draw_seeds(run_id, int(want)), run_id
+
+
 def exp_tta(ctx: Ctx) -> dict:
     """Every seed of the protocol, one launch after another, scored as MLPerf does."""
     p = ctx.proto
     k, ranks = layout(ctx)
+    seeds, run_id = seeds_of(ctx)
     runs, not_launched, tr = [], [], None
-    for seed in p["tta_seeds"]:
+    for seed in seeds:
         if tta.settled(runs):     # two launches did not converge: no score whatever the rest give
             not_launched.append(seed)
             continue
@@ -515,7 +531,7 @@ def exp_tta(ctx: Ctx) -> dict:
     opts = step_options(ctx)
     return {"lr_rule": ctx.spec["variant"], "lr_scaling": scaling, "lr_base": tta.BASE_LR,
             "lr_peak": tta.lr_at(scaling, k, 1 << 62, 0), "warmup_epochs": p.get("tta_warmup_epochs", 0),
-            "target_accuracy": p["tta_target"], "seeds": list(p["tta_seeds"]),
+            "target_accuracy": p["tta_target"], "seeds": seeds, "run_id": run_id,
             "eval_every_samples": p["tta_eval_every_samples"],
             "eval_near_every_samples": p["tta_eval_near_every_samples"],
             "eval_near_margin": p["tta_eval_near_margin"], "max_epochs": p["tta_max_epochs"],
