@@ -26,7 +26,7 @@ import math
 from dpscale import registry
 from dpscale.analysis import stats
 from dpscale.analysis.stateff import batch_model, common, crossings, forecast as tta_forecast, model_choice, over_seeds
-from dpscale.report import tta_noise
+from dpscale.report import tta_noise, tta_pool
 
 CLOCK = "evaluation on the clock"
 TRAIN = "training only"
@@ -54,16 +54,24 @@ def run_kind(r: dict) -> str:
     return "emulated" if _m(r).get("emulated") else "real DDP"
 
 
-def rule_series(m, rule: str) -> dict[int, tuple[dict, str]]:
-    """{k: (result, how it ran)} of one LR rule; below the rule's min_k its k's are
-    another rule's (linear at k=1 is the book's rule, run once: dpscale.registry)."""
+def rule_series(m, rule: str) -> dict[int, tuple[dict, str, list[dict]]]:
+    """{k: (the pooled result, how it ran, every measurement's record)} of one LR rule
+    (dpscale.report.tta_pool: independent measurements of one protocol pooled); below
+    the rule's min_k its k's are another rule's (linear at k=1 is the book's rule, run
+    once: dpscale.registry)."""
     exp = registry.get(EXPERIMENT)
     v = exp.variant(rule) if rule in exp.variant_names() else None
-    out = {k: (r, run_kind(r)) for k, r in m.series(EXPERIMENT, rule).items()}
+    out = {}
+    for k in m.series(EXPERIMENT, rule):
+        r, recs = tta_pool.pool(tta_pool.measurements(m, EXPERIMENT, rule, k))
+        if r:
+            out[k] = (r, run_kind(r), recs)
     if v is not None and v.same_below:
-        for k, r in m.series(EXPERIMENT, v.same_below).items():
+        for k in m.series(EXPERIMENT, v.same_below):
             if k < v.min_k and k not in out:
-                out[k] = (r, f"{run_kind(r)}: the {v.same_below} rule's run")   # the same rule at this k
+                r, recs = tta_pool.pool(tta_pool.measurements(m, EXPERIMENT, v.same_below, k))
+                if r:   # the same rule at this k
+                    out[k] = (r, f"{run_kind(r)}: the {v.same_below} rule's run", recs)
     return out
 
 
@@ -103,12 +111,16 @@ def estimate(values: list) -> dict:
     return out
 
 
-def point(k: int, r: dict, run: str) -> dict:
-    """One (rule, k): its seeds' crossings, samples to target (interpolated) with its
-    interval, MLPerf's score of the first evaluations beside, the clock as measured."""
+def point(k: int, r: dict, run: str, recs: list[dict] | None = None) -> dict:
+    """One (rule, k): its seeds' crossings (every pooled measurement's), samples to target
+    (interpolated) with its interval, MLPerf's score of the first evaluations beside, the
+    clock as the newest measurement measured it (clock_runs, clock_seeds), and each
+    measurement's record (tta_pool.pool)."""
     g = _m(r)
     n_img, target = train_images(g), g.get("target_accuracy")
     seeds = crossings.seed_rows(g.get("runs") or [], target, n_img, eval_correction=True) if target else []
+    clock_runs = r.get("clock_runs") or g.get("runs") or []
+    clock_seeds = crossings.seed_rows(clock_runs, target, n_img, eval_correction=True) if target else []
     est = estimate([s["samples"] for s in seeds])
     ep = (lambda x: x / n_img if x is not None and n_img else None)
     return {"k": k, "run": run, "emulated": bool(g.get("emulated")), "global_batch": g.get("global_batch"),
@@ -124,7 +136,25 @@ def point(k: int, r: dict, run: str) -> dict:
             "clock_s_max": g.get("seconds_to_target_max"), "eval_s_mean": g.get("eval_s_mean"),
             "not_converged": list(g.get("not_converged_seeds") or []),
             "not_launched": list(g.get("not_launched_seeds") or []), "no_result_reason": g.get("no_result_reason"),
-            "seed_list": list(g.get("seeds") or []), "runs": g.get("runs") or [], "noise": noise_of(g)}
+            "seed_list": list(g.get("seeds") or []), "runs": g.get("runs") or [], "noise": noise_of(g),
+            "clock_runs": clock_runs, "clock_seeds": clock_seeds, "measurements": measurement_rows(recs or [], target,
+                                                                                               n_img)}
+
+
+def measurement_rows(recs: list[dict], target, n_img) -> list[dict]:
+    """Each measurement of a point: when, which seeds (run id), its own epochs to target
+    (mean over its seeds with Student's t interval, or MLPerf's trimmed mean), whether it
+    was pooled and why not."""
+    out = []
+    for x in recs:
+        g = _m(x["result"])
+        rows = crossings.seed_rows(g.get("runs") or [], target, n_img, eval_correction=True) if target else []
+        est = estimate([s["samples"] for s in rows])
+        ep = (lambda v: v / n_img if v is not None and n_img else None)
+        out.append({k: x[k] for k in ("label", "path", "commit", "finished_utc", "seeds", "run_id", "pooled", "why")}
+                   | {"epochs": ep(est["value"]), "epochs_lo": ep(est["lo"]), "epochs_hi": ep(est["hi"]),
+                      "samples": [s["samples"] for s in rows]})
+    return out
 
 
 def noise_of(g: dict) -> dict | None:
@@ -143,11 +173,12 @@ def noise_of(g: dict) -> dict | None:
 
 
 def eval_per_sample(points: list[dict]) -> float:
-    """Evaluation seconds per training sample, pooled over every launch of the rule:
-    one t10k pass on one device every fixed number of samples, whatever k is."""
-    ev = sum(run.get("eval_s") or 0.0 for p in points for run in p["runs"])
+    """Evaluation seconds per training sample, pooled over every launch of the rule's
+    newest measurements (the evaluation's cost is the code's that runs now): one t10k
+    pass on one device every fixed number of samples, whatever k is."""
+    ev = sum(run.get("eval_s") or 0.0 for p in points for run in p["clock_runs"])
     n = sum(run.get("samples_trained") or (run.get("curve") or [{}])[-1].get("samples", 0)
-            for p in points for run in p["runs"])
+            for p in points for run in p["clock_runs"])
     return ev / n if n else 0.0
 
 
@@ -202,7 +233,7 @@ def own_rate(p: dict) -> dict | None:
     if p["emulated"]:
         return None
     rates = []
-    for run in p["runs"]:
+    for run in p["clock_runs"]:
         end = (run.get("curve") or [{}])[-1]
         train_s = (end.get("seconds") or 0.0) - (run.get("eval_s") or 0.0)
         n = run.get("samples_trained") or end.get("samples")
@@ -271,8 +302,8 @@ def _ratio(base: list, other: list) -> dict:
     return {"value": r["value"], "lo": r["ci_lo"], "hi": r["ci_hi"], "method": r["method"]}
 
 
-def _per_seed(p: dict, key: str = "samples") -> list:
-    return [s[key] if s["converged"] else None for s in p["seeds"]]
+def _per_seed(p: dict, key: str = "samples", seeds: str = "seeds") -> list:
+    return [s[key] if s["converged"] else None for s in p[seeds]]
 
 
 def _times(p: dict, per_sample: float) -> list:
@@ -329,7 +360,7 @@ def _against_base(p: dict, base: dict | None, e: float, rate: dict | None, rate1
         out["speedup"] = _ratio(_times(base, 1 / rate1["value"] + e), _times(p, 1 / rate["value"] + e))
         out["speedup_train"] = _ratio(_times(base, 1 / rate1["value"]), _times(p, 1 / rate["value"]))
     if not p["emulated"] and not base["emulated"]:
-        out["clock_speedup"] = _ratio(_per_seed(base, "seconds"), _per_seed(p, "seconds"))
+        out["clock_speedup"] = _ratio(_per_seed(base, "seconds", "clock_seeds"), _per_seed(p, "seconds", "clock_seeds"))
     return out
 
 
@@ -430,7 +461,7 @@ def grid_ks(fc: dict | None) -> list[int]:
 def of_rule(m, rule: str, fc: dict | None) -> dict | None:
     """One LR rule's points, model, check, noise scale and forecast; None without a
     scored-or-not point that ran."""
-    pts = [point(k, r, run) for k, (r, run) in sorted(rule_series(m, rule).items()) if ok(r)]
+    pts = [point(k, r, run, recs) for k, (r, run, recs) in sorted(rule_series(m, rule).items()) if ok(r)]
     if not pts:
         return None
     e = eval_per_sample(pts)

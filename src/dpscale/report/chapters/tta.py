@@ -17,8 +17,8 @@ FIGURES = (FigureSpec("tta_epochs", "Epochs to the target accuracy against the g
                                     "mean with its interval, MLPerf's score, and the fitted E(B) with its band"),
            FigureSpec("tta_goodput", "Time to accuracy against k (measured, emulated, predicted), and goodput "
                                      "efficiency split into hardware and statistical efficiency"))
-TABLES = ("tta", "tta_seeds", "goodput", "tta_model", "tta_noise", "tta_noise_intervals", "tta_holdout",
-          "tta_forecast")
+TABLES = ("tta", "tta_measurements", "tta_seeds", "goodput", "tta_model", "tta_noise", "tta_noise_intervals",
+          "tta_holdout", "tta_forecast")
 TTA_COLUMNS = ["machine", "lr_rule", "k", "run", "global_batch", "target_accuracy", "seeds", "epochs_to_target",
                "epochs_interval", "samples_to_target", "samples_interval", "mlperf_epochs", "mlperf_epochs_min",
                "mlperf_epochs_max", "mlperf_samples_to_target", "seconds_to_target", "seconds_min", "seconds_max",
@@ -127,6 +127,68 @@ def tta_rows(data: ReportData) -> list[dict]:
                      "not_converged": listed(p["not_converged"]), "not_launched": listed(p["not_launched"]),
                      "no_result_reason": p["no_result_reason"] or "", "estimator": p["samples_how"]})
     return rows
+
+
+MEASUREMENT_COLUMNS = ["machine", "lr_rule", "k", "measurement", "commit", "finished_utc", "seeds", "run_id",
+                       "epochs_to_target", "epochs_interval", "pooled", "note"]
+
+
+def seeds_text(seeds: list) -> str:
+    """'1-5' for a run of consecutive seeds, else the list."""
+    s = sorted(seeds)
+    return f"{s[0]}-{s[-1]}" if len(s) > 2 and s == list(range(s[0], s[-1] + 1)) else listed(seeds)
+
+
+def measurement_rows(data: ReportData) -> list[dict]:
+    """Each measurement of each point (dpscale.report.tta_pool), then the pooled result
+    with the spread between the pooled measurements (one-way ANOVA over their seeds)."""
+    rows = []
+    for m, rule, p in each_point(data):
+        if "rule's run" in p["run"] or not p["measurements"]:
+            continue
+        head = {"machine": m.label, "lr_rule": rule["rule"], "k": p["k"]}
+        for x in p["measurements"]:
+            rows.append({**head, "measurement": x["label"], "commit": (x["commit"] or "–")[:10],
+                         "finished_utc": x["finished_utc"] or "–", "seeds": seeds_text(x["seeds"]),
+                         "run_id": f"{x['run_id']:016x}" if x["run_id"] is not None else "– (listed)",
+                         "epochs_to_target": ep(x["epochs"]), "epochs_interval": iv(x["epochs_lo"], x["epochs_hi"],
+                                                                                    lambda v: f"{v:.2f}"),
+                         "pooled": x["pooled"], "note": x["why"]})
+        if len(p["measurements"]) > 1:
+            rows.append({**head, "measurement": "pooled", "seeds": f"{len(p['seeds'])} seeds",
+                         "epochs_to_target": ep(p["epochs"]), "epochs_interval": iv(p["epochs_lo"], p["epochs_hi"],
+                                                                                    lambda v: f"{v:.2f}"),
+                         "pooled": True, "note": spread_text(p["measurements"])})
+    return rows
+
+
+def spread_text(recs: list[dict]) -> str:
+    """How far the pooled measurements part: their means, and a one-way ANOVA over their
+    seeds (do they differ more than seeds do?)."""
+    from scipy import stats as sps
+    kept = [x for x in recs if x["pooled"]]
+    if len(kept) < 2:
+        return "one measurement pooled: " + ("the others repeat its seeds" if len(recs) > 1 else "")
+    groups = [[v for v in x["samples"] if v is not None] for x in kept]
+    f = sps.f_oneway(*groups)
+    return (f"{len(kept)} measurements, means " + ", ".join(f"{x['epochs']:.2f}" for x in kept)
+            + f" epochs; one-way ANOVA over their seeds p = {f.pvalue:.2f}")
+
+
+def repeat_notes(data: ReportData) -> list[str]:
+    """Where a machine's measurements of a rule's points repeat seeds, said once: they
+    are shown (table tta_measurements) and not pooled."""
+    out = []
+    for m, rule in each_rule(data):
+        hit = [p for p in rule["points"] if "rule's run" not in p["run"]
+               and any(not x["pooled"] and "repeat" in x["why"] for x in p["measurements"])]
+        if hit:
+            counts = sorted({len(p["measurements"]) for p in hit})
+            out.append(f"{m.label}, {rule['rule']} LR: at k = {listed(p['k'] for p in hit)}, "
+                       f"{'/'.join(map(str, counts))} measurements, the earlier ones with the seeds of a newer one "
+                       "(same initial weights and data order): not independent, shown (table tta_measurements) "
+                       "but not pooled with it")
+    return out
 
 
 def seed_rows(data: ReportData) -> list[dict]:
@@ -422,7 +484,8 @@ def page(data: ReportData) -> Page:
     notes = missing_notes(data, "ddp_tta")
     check = check_text(data)
     return Page("tta", CHAPTER.title, prose("tta"),
-                figures=[figure(FIGURES[0], epochs_headline(data) + (f". {check}" if check else ""), notes),
+                figures=[figure(FIGURES[0], epochs_headline(data) + (f". {check}" if check else ""),
+                                notes + repeat_notes(data)),
                          figure(FIGURES[1], headline(data), notes)], tables=tables(data))
 
 
@@ -434,6 +497,10 @@ def tables(data: ReportData) -> list:
           "MLPerf's score of the first evaluations at or above the target beside (mean of the seeds without the "
           "fastest and the slowest; min and max of those kept), and the clock as measured", tta_rows(data),
           TTA_COLUMNS),
+        t("tta_measurements", "Each measurement of each point (runs/ and the machine's earlier/ folder), and the "
+          "pooled result: measurements of one protocol with seeds no other pooled measurement used are pooled (a "
+          "repeated seed starts from the same weights and data order: not independent); epochs to target, mean "
+          "over the measurement's seeds with its 95% interval", measurement_rows(data), MEASUREMENT_COLUMNS),
         t("tta_seeds", "Every seed: where its accuracy curve crossed the target, interpolated and at MLPerf's first "
           "evaluation; the resolution is the bracket's width", seed_rows(data), SEED_COLUMNS),
         t("goodput", "Time to accuracy = samples to target x (1 / samples/s(k) + evaluation seconds per sample), "
