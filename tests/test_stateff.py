@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dpscale.analysis import stats, tta
-from dpscale.analysis.stateff import batch_model, common, crossings, forecast, noise, over_seeds
+from dpscale.analysis.stateff import batch_model, common, crossings, forecast, model_choice, noise, over_seeds
 
 # ---------------------------------------------------------------- a. crossing
 
@@ -341,26 +341,93 @@ def test_tta_forecast_rows_fastest_and_cheapest_k():
     assert draws["fastest_k"] == 1
 
 
-# ---------------------------------------------------------------- the committed reference, read-only
+# ---------------------------------------------------------------- against a second, minimal implementation
+#
+# Each test below recomputes a number with numpy and scipy only, written here from the
+# method's definition (nothing imported from dpscale.analysis.stateff), and compares.
 
-def test_the_h200_reference_series():
-    """The report's reading of reference/h200's book rule (5 seeds at k = 1, 2, 4, 8, the
-    last three emulated): each seed's MLPerf samples are its result's own and its
-    interpolated crossing comes no later; the point's MLPerf score is the result's; every
-    k >= 4 is predicted from the smaller k only, inside its band (the README's claim);
-    statistical efficiency carries an interval around its value at every k."""
-    from conftest import ROOT
-    from dpscale.report import machines, tta
-    rec = tta.of_rule(machines.load_reference(ROOT / "reference/h200"), "book", None)
-    pts = {p["k"]: p for p in rec["points"]}
-    assert sorted(pts) == [1, 2, 4, 8] and all(pts[k]["emulated"] for k in (2, 4, 8))
-    for p in pts.values():
-        assert [s["mlperf_samples"] for s in p["seeds"]] == [r["samples_to_target"] for r in p["runs"]]
-        assert all(s["samples"] <= s["mlperf_samples"] for s in p["seeds"] if s["converged"])
-        assert p["scored"] and p["samples_lo"] < p["samples"] < p["samples_hi"]
-    holdout = {h["k"]: h for h in rec["holdout"] if h["check"] == "forward"}
-    assert holdout[4]["from_ks"] == [1, 2] and holdout[8]["from_ks"] == [1, 2, 4]
-    assert all(h["inside_band"] and h["band_lo"] < h["predicted_epochs"] < h["band_hi"] for h in holdout.values())
-    for k in (2, 4, 8):
-        e = pts[k].get("statistical_efficiency")
-        assert e is not None and pts[k]["statistical_efficiency_lo"] < e < pts[k]["statistical_efficiency_hi"]
+def _fieller_ref(a, b, va, vb, cab, df, level=0.95):
+    """The ends of Fieller's interval for a / b: the roots of (a - r b)^2 = q (va - 2 r cab + r^2 vb)."""
+    from scipy import stats as sps
+    q = sps.t.ppf(0.5 + level / 2, df) ** 2
+    A, B, C = b * b - q * vb, -2 * (a * b - q * cab), a * a - q * va
+    root = math.sqrt(B * B - 4 * A * C)
+    return tuple(sorted(((-B - root) / (2 * A), (-B + root) / (2 * A))))
+
+
+def _yuen_ref(values):
+    """MLPerf's trimmed mean (one cut at each end) and Yuen's variance of it, a censored
+    seed (None) the slowest: (mean, variance, h)."""
+    x = np.sort([math.inf if v is None else v for v in values])
+    n, h = x.size, x.size - 2
+    w = np.concatenate([[x[1]], x[1:-1], [x[-2]]])           # Winsorized: each end replaced by its neighbour
+    return float(x[1:-1].mean()), float((n - 1) * w.var(ddof=1) / (h * (h - 1))), h
+
+
+def test_the_trimmed_interval_is_fieller_on_yuens_variances():
+    """A censored seed on one side: the interval is Fieller's on the two trimmed means
+    with Yuen's variances and the Welch-Satterthwaite df on h - 1 a side (a delta-method
+    interval about the same ratio has other ends: its ends are symmetric, Fieller's are not)."""
+    k1 = [170e3, 150e3, 180e3, 160e3, 175e3]
+    k2 = [230e3, 240e3, 210e3, None, 225e3]
+    (ma, va, ha), (mb, vb, hb) = _yuen_ref(k1), _yuen_ref(k2)
+    theta = ma / mb
+    df = (va + theta ** 2 * vb) ** 2 / (va ** 2 / (ha - 1) + theta ** 4 * vb ** 2 / (hb - 1))
+    got = over_seeds.ratio_over_seeds(k1, k2)
+    assert got["value"] == pytest.approx(theta, rel=1e-12)
+    assert (got["ci_lo"], got["ci_hi"]) == pytest.approx(_fieller_ref(ma, mb, va, vb, 0.0, df), rel=1e-9)
+    assert got["ci_hi"] - theta > theta - got["ci_lo"]         # Fieller's interval leans up, a ratio's way
+
+
+def _wls_ref(points):
+    """E = a + b B by least squares with weights 1 / E(B)^2 iterated from the fitted mean:
+    (coef, cov, s2, df), numpy only."""
+    x = np.array([B for B, vs in points.items() for v in vs if v is not None], float)
+    y = np.array([v for vs in points.values() for v in vs if v is not None], float)
+    X = np.column_stack([np.ones_like(x), x])
+    w = np.ones_like(x)
+    for _ in range(200):
+        coef = np.linalg.lstsq(X * np.sqrt(w)[:, None], y * np.sqrt(w), rcond=None)[0]
+        w = 1 / (X @ coef) ** 2
+    s2 = float(np.sum(w * (y - X @ coef) ** 2) / (x.size - 2))
+    return coef, s2 * np.linalg.inv(X.T @ (w[:, None] * X)), s2, x.size - 2
+
+
+def test_the_holdout_band_is_for_the_mean_of_the_seeds_measured_there():
+    """k=8 predicted from k <= 4: the band holdout() checks against is for the mean of the
+    5 seeds measured there, t(df) x sqrt(se^2 + (cv x mean)^2 / 5), as the line's own
+    check and as the mixture's line reports it (one seed's band is far wider)."""
+    from scipy import stats as sps
+    rng = np.random.default_rng(21)
+    pts = _points(rng)
+    fit_pts = {B: pts[B] for B in BATCHES[:-1]}
+    coef, cov, s2, df = _wls_ref(fit_pts)
+    x = np.array([1.0, BATCHES[-1]])
+    mean, se = float(x @ coef), math.sqrt(float(x @ cov @ x))
+    half = sps.t.ppf(0.975, df) * math.sqrt(se ** 2 + s2 * mean ** 2 / 5)
+    line = batch_model.holdout(pts, BATCHES[-1])["predicted"]
+    assert (line["pred_lo"], line["pred_hi"]) == pytest.approx((mean - half, mean + half), rel=1e-6)
+    both = model_choice.holdout(pts, BATCHES[-1], BATCHES[:-1])["models"]["line"]
+    assert (both["pred_lo"], both["pred_hi"]) == pytest.approx((mean - half, mean + half), rel=1e-6)
+
+
+def test_the_forecast_band_is_the_fits_band_times_the_clock_per_sample():
+    """One model, samples/s with no band: time = E(B) x (1 / samples/s + e), so its band is
+    the confidence band of E(B), mean +- t(df) se (a t variable: the fit's coefficients are
+    multivariate t), times (1 / samples/s + e), within Monte Carlo error; left out, the
+    evaluation time or the fit's own uncertainty would each move it far off."""
+    from scipy import stats as sps
+    rng = np.random.default_rng(22)
+    pts = _points(rng)
+    fit = batch_model.fit_batch_model(pts)
+    coef, cov, _s2, df = _wls_ref(pts)
+    thr = {k: {"value": 5000.0 * k, "source": "given"} for k in (1, 2, 4, 8)}
+    e = 4e-5                                                  # evaluation seconds per training sample
+    out = forecast.tta_forecast(fit, [1, 2, 4, 8], 256, thr, eval_s_per_sample=e, draws=40000, seed=3)
+    for r in out["rows"]:
+        x = np.array([1.0, r["global_batch"]])
+        mean, se = float(x @ coef), math.sqrt(float(x @ cov @ x))
+        c = 1 / thr[r["k"]]["value"] + e
+        q = sps.t.ppf(0.975, df)
+        assert r["time_s"] == pytest.approx(mean * c, rel=1e-6)
+        assert (r["time_s_lo"], r["time_s_hi"]) == pytest.approx(((mean - q * se) * c, (mean + q * se) * c), rel=0.01)
