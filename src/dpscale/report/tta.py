@@ -127,6 +127,7 @@ def point(k: int, r: dict, run: str, recs: list[dict] | None = None) -> dict:
             "per_rank_batch": g.get("per_rank_batch"), "image_size": (r.get("data") or {}).get("image_size")
             or g.get("image_size"), "train_images": n_img, "target": target, "max_epochs": g.get("max_epochs"),
             "eval_every_samples": g.get("eval_every_samples"), "eval_near_margin": g.get("eval_near_margin"),
+            "test_images": g.get("test_images"),
             "seeds": seeds, "samples": est["value"],
             "samples_lo": est["lo"], "samples_hi": est["hi"], "samples_how": est["how"], "epochs": ep(est["value"]),
             "epochs_lo": ep(est["lo"]), "epochs_hi": ep(est["hi"]), "scored": est["value"] is not None,

@@ -307,22 +307,11 @@ def table_rows(data: ReportData) -> list[dict]:
             p, t = r["point"], r["throughput"] or {}
             if r["k"] < 2 or not (p or t.get("source") == "measured"):
                 continue
-            note = no_score_text(p) + (_one_seed_note(p) or "") if p and not p["scored"] else ""
+            note = no_score_text(p) if p and not p["scored"] else ""
             out.append({"machine": who(m), "k": r["k"], "run": (p or {}).get("run", "real"),
                         **_cells(t, p, r["eval_share"]), "note": note})
         out += predicted_rows(o, who(m))
     return out
-
-
-def _one_seed_note(p: dict) -> str | None:
-    """Where a point's 'no score' rests on one seed just short of the target, how short."""
-    short = [s for s in p["seeds"] if not s["converged"] and s["best_accuracy"] is not None]
-    if not short or not p.get("target"):
-        return None
-    s = max(short, key=lambda s: s["best_accuracy"])
-    gap = p["target"] - s["best_accuracy"]
-    return (f" (seed {s['seed']}'s best {100 * s['best_accuracy']:.2f}%, {gap * 1e4:.0f} test images of 10,000 "
-            "short)" if gap < 0.001 else None)
 
 
 def predicted_rows(o: dict, name: str) -> list[dict]:
