@@ -13,6 +13,7 @@ first screen's words, its table and figure, and the closing summary
 sits above (the header); its tables and notes are a chapter of their own further down."""
 from __future__ import annotations
 
+from dpscale.analysis.stateff.model_choice import NAMES
 from dpscale.report import forecast as fcr, tta
 from dpscale.report.document import Chapter, FigureSpec, Page
 from dpscale.report.machines import Machine, ReportData
@@ -215,8 +216,10 @@ def predicted_text(o: dict) -> str | None:
     where = f"{pr['far_nodes']} nodes of {far['k'] // pr['far_nodes']} (k={far['k']})" if pr["far_nodes"] > 1 \
         else f"k={far['k']}"
     dom = dominance_text(pr)
+    by = fast["predicted"].get("p_fastest_by_model") or {}
+    alone = (" (" + ", ".join(f"{NAMES.get(n, n)} alone {v:.0%}" for n, v in by.items()) + ")") if len(by) > 1 else ""
     return (f"predicted ({models_text(pr['models'])}, over samples/s): soonest at k={fast['k']} in "
-            f"{fast['predicted']['p_fastest']:.0%} of the draws, {forecast_text(fast)}; fewest GPU-hours at "
+            f"{fast['predicted']['p_fastest']:.0%} of the draws{alone}, {forecast_text(fast)}; fewest GPU-hours at "
             f"k={cheap['k']}; {where}: {forecast_text(far)}"
             + (f" (batches above {pr['extrapolated_above']:,} extrapolated)" if pr["extrapolated_above"] else "")
             + (f". {dom[0].upper()}{dom[1:]}: there the clock form measures the protocol, the training-only form "

@@ -494,7 +494,7 @@ def check_text(data: ReportData) -> str:
 
 
 def page(data: ReportData) -> Page:
-    notes = missing_notes(data, "ddp_tta")
+    notes = missing_notes(data, tta.EXPERIMENT)
     check = check_text(data)
     return Page("tta", CHAPTER.title, prose("tta"),
                 figures=[figure(FIGURES[0], epochs_headline(data) + (f". {check}" if check else ""),
@@ -581,8 +581,8 @@ def tidy_rows(data: ReportData) -> list[dict]:
     interval and what it covers (dpscale.report.tidy's columns)."""
     rows = []
     for m, rule, p in each_point(data):
-        r = m.get("ddp_tta", rule["rule"], p["k"]) or {}
-        head = {"machine": m.label, "experiment": "ddp_tta", "variant": rule["rule"], "k": p["k"], "status": "ok",
+        r = m.get(tta.EXPERIMENT, rule["rule"], p["k"]) or {}
+        head = {"machine": m.label, "experiment": tta.EXPERIMENT, "variant": rule["rule"], "k": p["k"], "status": "ok",
                 "data_source": (r.get("data") or {}).get("source"), "commit": (r.get("code") or {}).get("commit")}
         for name, key in TIDY:
             if p.get(key) is None:
@@ -604,7 +604,7 @@ def forecast_tidy(data: ReportData) -> list[dict]:
         f = rule["forecast"]
         for form, suffix in (("clock", ""), ("train", "_training_only")):
             for r in (f[form]["rows"] if f else []):
-                head = {"machine": m.label, "experiment": "ddp_tta", "variant": f"{rule['rule']} (forecast)",
+                head = {"machine": m.label, "experiment": tta.EXPERIMENT, "variant": f"{rule['rule']} (forecast)",
                         "k": r["k"], "status": "predicted", "data_source": None, "commit": None, "n": None,
                         "covers": f["clock"]["covers"]}
                 for name, key in ((f"predicted_time_to_accuracy{suffix}_s", "time_s"),
