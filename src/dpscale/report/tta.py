@@ -290,6 +290,69 @@ def rates(m, fc: dict | None, points: list[dict], ks, rule: str) -> dict[int, di
     return out
 
 
+# ---------------------------------------------------------------- samples/s growth of the step that trained
+
+def growth(m, rule: dict | None, fc: dict | None) -> tuple[str | None, dict[int, dict]]:
+    """(the weak-scaling series, {k: samples/s(k) / samples/s(1)}) of the step the answer
+    trains with: with a time-to-accuracy rule, of the rates its time divides by (the
+    series None where they are the launches' own); else of weak_variant(m), measured or
+    forecast (fc: the machine's throughput forecast)."""
+    if rule and rule["rates"].get(1):
+        return rule["rates"][1].get("variant"), _rate_growth(m, rule)
+    v = weak_variant(m)
+    return v, (_series_growth(m, v, fc) if v else {})
+
+
+
+def _series_growth(m, v: str, f: dict | None) -> dict[int, dict]:
+    """samples/s(k) / samples/s(1) of one weak-scaling series: measured (its 95% interval,
+    stats.ratio_ci on the ratio), else k x the forecast's weak efficiency (its band; f: the
+    machine's throughput forecast)."""
+    from dpscale.report.numbers import scaling
+    out = {}
+    s = next((s for s in (f or {}).get("series", []) if s["family"] == "torch" and s["variant"] == v), None)
+    level = ((f or {}).get("config") or {}).get("band_level", 0.9)
+    for r in (s or {}).get("rows", []):
+        if r.get("weak_efficiency") is not None and r["point"] != "measured":
+            k, lo, hi = r["k"], r.get("weak_efficiency_lo"), r.get("weak_efficiency_hi")
+            out[k] = {"value": k * r["weak_efficiency"], "lo": k * lo if lo else None, "hi": k * hi if hi else None,
+                      "source": "forecast", "covers": f"its {level:.0%} band", "nodes": r["nodes"], "variant": v}
+    for r in scaling(m, RATE, v):
+        if r["speedup"] is not None:
+            out[r["k"]] = {"value": r["speedup"], "lo": r["speedup_lo"], "hi": r["speedup_hi"], "source": "measured",
+                           "covers": r["ratio_covers"], "nodes": 1, "variant": v}
+    return dict(sorted(out.items()))
+
+
+def _rate_growth(m, rule: dict) -> dict[int, dict]:
+    """samples/s(k) / samples/s(1) of the rates time to accuracy divides by (rule["rates"]),
+    so that the training-only speed-up is statistical efficiency x this growth, exactly.
+    Both ends measured in one weak-scaling series: that series' ratio with its interval
+    (Fieller over launches); else the rate at k over the rate at k=1, the band of the
+    rate at k over k=1's value (k=1's interval, measured, is far narrower)."""
+    from dpscale.report.numbers import scaling
+    rates, out = rule["rates"], {}
+    r1 = rates.get(1)
+    if not r1:
+        return {}
+    v = r1.get("variant")
+    sc = {r["k"]: r for r in scaling(m, RATE, v)} if v else {}
+    series = f"measured ({RATE} {v})"
+    for k, r in sorted(rates.items()):
+        if k == 1 or (r["source"] == r1["source"] == series and sc.get(k, {}).get("speedup") is not None):
+            row = sc[k] if k > 1 else {"speedup": 1.0, "speedup_lo": None, "speedup_hi": None, "ratio_covers": ""}
+            out[k] = {"value": row["speedup"], "lo": row["speedup_lo"], "hi": row["speedup_hi"],
+                      "source": "measured", "covers": row["ratio_covers"], "nodes": 1, "variant": v}
+            continue
+        c = 1 / r1["value"]
+        out[k] = {"value": r["value"] * c, "lo": r["lo"] * c if r.get("lo") else None,
+                  "hi": r["hi"] * c if r.get("hi") else None,
+                  "source": "measured" if r["source"].startswith("measured") else "forecast",
+                  "covers": (r.get("covers") or "") + "; over k=1's samples/s at its value",
+                  "nodes": r.get("nodes", 1), "variant": r.get("variant")}
+    return out
+
+
 # ---------------------------------------------------------------- time to accuracy at each point
 
 def _ratio(base: list, other: list) -> dict:

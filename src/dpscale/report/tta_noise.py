@@ -43,8 +43,9 @@ def windows(p: dict) -> dict | None:
         terms.append(nw.progress_terms(g2[:n], tr[:n], B, blocks))
         for j, sl in enumerate(blocks):
             by_interval.setdefault(j, []).append((float(tr[sl].sum()), float(g2[sl].sum()), len(g2[sl])))
-        first = next((c for c in r["curve"] if c["accuracy"] >= p["target"] - (margin or 0.0)), None)
-        if margin and first:
+        first = next((c for c in r["curve"] if c["accuracy"] >= p["target"] - margin), None) \
+            if margin and p["target"] is not None else None
+        if first:
             a = nw.steps_in(B, 0, first["samples"]).stop
             near.append((float(tr[a:n].sum()), float(g2[a:n].sum()), max(n - a, 0)))
     return {"near": nw.window_over_seeds(near) if near else None, "progress": nw.window_over_seeds(terms),
@@ -56,7 +57,8 @@ def windows(p: dict) -> dict | None:
 def _row(p: dict, window: str, rec: dict | None, model: dict | None, source: str) -> dict:
     row = {"k": p["k"], "global_batch": p["global_batch"], "window": window, "window_text": WINDOWS.get(window, window),
            "b_noise": None, "b_noise_lo": None, "b_noise_hi": None, "covers": "", "seeds": None, "steps": None,
-           "source": source if rec else "not measured", "b_crit": model["B_crit"]["value"] if model else None,
+           "source": (source if rec.get("b_simple") is not None else rec.get("method") or "no step in the window")
+           if rec else "not measured", "b_crit": model["B_crit"]["value"] if model else None,
            "b_crit_lo": model["B_crit"]["ci_lo"] if model else None,
            "b_crit_hi": model["B_crit"]["ci_hi"] if model else None, "ratio": None, "ratio_lo": None,
            "ratio_hi": None, "same_order": None}

@@ -17,7 +17,6 @@ from dpscale.analysis.stateff.model_choice import NAMES
 from dpscale.report import forecast as fcr, tta
 from dpscale.report.document import Chapter, FigureSpec, Page
 from dpscale.report.machines import Machine, ReportData
-from dpscale.report.numbers import scaling
 from dpscale.report.chapters.common import figure, prose, records_table
 from dpscale.report.chapters.tta import no_score_text, numbers, of
 
@@ -25,55 +24,6 @@ FIGURES = (FigureSpec("answer", "Speed-up over one device against k, out to the 
                                 "(weak scaling) and time to accuracy, measured, emulated and predicted"),)
 FAR_K = 32          # the forecast's far point named on the first screen: 4 nodes of 8 (else the farthest k)
 EVAL_DOMINATES = 0.5   # the evaluation protocol's share of the clock above which the first screen says so
-
-
-# ---------------------------------------------------------------- samples/s growth of the step that trained
-
-def _series_growth(data: ReportData, m: Machine, v: str) -> dict[int, dict]:
-    """samples/s(k) / samples/s(1) of one weak-scaling series: measured (its 95% interval,
-    stats.ratio_ci on the ratio), else k x the forecast's weak efficiency (its band)."""
-    out = {}
-    f = next((f for f in fcr.compute(data) if f["machine"] == m.name), None)
-    s = next((s for s in (f or {}).get("series", []) if s["family"] == "torch" and s["variant"] == v), None)
-    level = ((f or {}).get("config") or {}).get("band_level", 0.9)
-    for r in (s or {}).get("rows", []):
-        if r.get("weak_efficiency") is not None and r["point"] != "measured":
-            k, lo, hi = r["k"], r.get("weak_efficiency_lo"), r.get("weak_efficiency_hi")
-            out[k] = {"value": k * r["weak_efficiency"], "lo": k * lo if lo else None, "hi": k * hi if hi else None,
-                      "source": "forecast", "covers": f"its {level:.0%} band", "nodes": r["nodes"], "variant": v}
-    for r in scaling(m, tta.RATE, v):
-        if r["speedup"] is not None:
-            out[r["k"]] = {"value": r["speedup"], "lo": r["speedup_lo"], "hi": r["speedup_hi"], "source": "measured",
-                           "covers": r["ratio_covers"], "nodes": 1, "variant": v}
-    return dict(sorted(out.items()))
-
-
-def _rate_growth(m: Machine, rule: dict) -> dict[int, dict]:
-    """samples/s(k) / samples/s(1) of the rates time to accuracy divides by (rule["rates"]),
-    so that the training-only speed-up is statistical efficiency x this growth, exactly.
-    Both ends measured in one weak-scaling series: that series' ratio with its interval
-    (Fieller over launches); else the rate at k over the rate at k=1, the band of the
-    rate at k over k=1's value (k=1's interval, measured, is far narrower)."""
-    rates, out = rule["rates"], {}
-    r1 = rates.get(1)
-    if not r1:
-        return {}
-    v = r1.get("variant")
-    sc = {r["k"]: r for r in scaling(m, tta.RATE, v)} if v else {}
-    series = f"measured ({tta.RATE} {v})"
-    for k, r in sorted(rates.items()):
-        if k == 1 or (r["source"] == r1["source"] == series and sc.get(k, {}).get("speedup") is not None):
-            row = sc[k] if k > 1 else {"speedup": 1.0, "speedup_lo": None, "speedup_hi": None, "ratio_covers": ""}
-            out[k] = {"value": row["speedup"], "lo": row["speedup_lo"], "hi": row["speedup_hi"],
-                      "source": "measured", "covers": row["ratio_covers"], "nodes": 1, "variant": v}
-            continue
-        c = 1 / r1["value"]
-        out[k] = {"value": r["value"] * c, "lo": r["lo"] * c if r.get("lo") else None,
-                  "hi": r["hi"] * c if r.get("hi") else None,
-                  "source": "measured" if r["source"].startswith("measured") else "forecast",
-                  "covers": (r.get("covers") or "") + "; over k=1's samples/s at its value",
-                  "nodes": r.get("nodes", 1), "variant": r.get("variant")}
-    return out
 
 
 # ---------------------------------------------------------------- the answer, once per machine
@@ -90,10 +40,8 @@ def opening(data: ReportData, m: Machine) -> dict:
 def _opening(data: ReportData, m: Machine) -> dict:
     rec = of(data, m)
     rule = tta.primary(rec) if rec else None
-    thr = _rate_growth(m, rule) if rule and rule["rates"].get(1) else {}
-    variant = (rule["rates"].get(1) or {}).get("variant") if thr else tta.weak_variant(m)
-    if not thr and variant:
-        thr = _series_growth(data, m, variant)
+    fc = next((f for f in fcr.compute(data) if f["machine"] == m.name), None)
+    variant, thr = tta.growth(m, rule, fc)
     pts = {p["k"]: p for p in (rule or {}).get("points", [])}
     fc = ((rule or {}).get("forecast") or {}).get("clock") or {}
     ks = sorted(set(thr) | set(pts) | {r["k"] for r in fc.get("rows", [])})
@@ -121,6 +69,8 @@ def _predicted(rule: dict | None, rows: list[dict]) -> dict | None:
         return None
     c = f["clock"]
     at = {r["k"]: r for r in rows if (r["predicted"] or {}).get("speedup") is not None}
+    if not at:   # no k=1 samples/s: no speed-up to name
+        return None
     far = at.get(FAR_K) or at[max(at)]
     nodes = (rule["rates"].get(far["k"]) or {}).get("nodes", 1)
     return {"soonest": at.get(c["fastest_k"]) or next(r for r in rows if r["k"] == c["fastest_k"]),
@@ -253,8 +203,11 @@ def who(m: Machine) -> str:
 
 def step_words(o: dict) -> str:
     """Which step's samples/s: '(samples/s of the step that trained: ddp_weak tuned)'."""
-    return f"samples/s of the step that trained: {tta.RATE} {o['variant']}" if o["rule"] and o["variant"] \
-        else f"samples/s of the step time to accuracy trains with here: {tta.RATE} {o['variant']}"
+    if o["rule"] and o["variant"]:
+        return f"samples/s of the step that trained: {tta.RATE} {o['variant']}"
+    if o["rule"]:
+        return "samples/s of the time-to-accuracy launches themselves (no weak-scaling series at their protocol)"
+    return f"samples/s of the step time to accuracy trains with here: {tta.RATE} {o['variant']}"
 
 
 def lines(data: ReportData) -> list[str]:

@@ -301,7 +301,8 @@ HOLDOUT_COLUMNS = ["machine", "lr_rule", "k", "run", "global_batch", "check", "p
 
 def noise_rows(data: ReportData) -> list[dict]:
     return [{"machine": m.label, "lr_rule": rule["rule"], "k": r["k"], "global_batch": r["global_batch"],
-             "window": r["window_text"], "b_noise": r["b_noise"] if r["b_noise"] is not None else "not measured",
+             "window": r["window_text"], "b_noise": r["b_noise"] if r["b_noise"] is not None else
+             ("not measured" if r["source"] == "not measured" else "–"),
              "b_noise_interval": iv(r["b_noise_lo"], r["b_noise_hi"]), "covers": r["covers"], "seeds": r["seeds"],
              "steps": r["steps"], "source": r["source"], "b_crit": r["b_crit"],
              "b_crit_interval": iv(r["b_crit_lo"], r["b_crit_hi"]), "b_crit_over_b_noise": r["ratio"],
@@ -594,7 +595,37 @@ def tidy_rows(data: ReportData) -> list[dict]:
         if p["statistical_efficiency_mlperf"] is not None:
             rows.append({**head, "metric": "statistical_efficiency_mlperf", "value": p["statistical_efficiency_mlperf"],
                          "ci_lo": None, "ci_hi": None, "n": len(p["seeds"]), "covers": ""})
-    return rows + forecast_tidy(data)
+        rows += noise_tidy(rule, p, head)
+    return rows + growth_tidy(data) + forecast_tidy(data)
+
+
+NOISE_TIDY = {"start": "b_simple_start_to_target", "near": "b_simple_near_target",
+              "progress": "b_simple_progress_weighted"}
+
+
+def noise_tidy(rule: dict, p: dict, head: dict) -> list[dict]:
+    """The point's noise scale over each window (dpscale.report.tta_noise), with its interval."""
+    return [{**head, "metric": NOISE_TIDY[r["window"]], "value": r["b_noise"], "ci_lo": r["b_noise_lo"],
+             "ci_hi": r["b_noise_hi"], "n": r["seeds"], "covers": r["covers"]}
+            for r in rule["noise"] if r["k"] == p["k"] and r["b_noise"] is not None]
+
+
+def growth_tidy(data: ReportData) -> list[dict]:
+    """The first screen's samples/s growth of the step that trained, per machine and k
+    (dpscale.report.tta.growth, as chapters.answer.opening reads it), as throughput_speedup."""
+    fcs = {f["machine"]: f for f in fcr.compute(data)}
+    rows = []
+    for m in data.measured:
+        rule = tta.primary(of(data, m)) if of(data, m) else None
+        v, thr = tta.growth(m, rule, fcs.get(m.name))
+        for k, t in sorted((k, t) for k, t in thr.items() if k > 1):
+            own = not t.get("variant") and rule   # the time-to-accuracy launches' own samples/s
+            rows.append({"machine": m.label, "experiment": tta.EXPERIMENT if own else tta.RATE,
+                         "variant": rule["rule"] if own else t.get("variant") or v,
+                         "k": k, "status": "ok" if t["source"] == "measured" else "predicted",
+                         "data_source": None, "commit": None, "metric": "throughput_speedup", "value": t["value"],
+                         "ci_lo": t["lo"], "ci_hi": t["hi"], "n": None, "covers": t["covers"] if t["lo"] else ""})
+    return rows
 
 
 def forecast_tidy(data: ReportData) -> list[dict]:
