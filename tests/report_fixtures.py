@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpscale.analysis import costmodel, stateff, stats, tta
+from dpscale.analysis import costmodel, stats, tta
+from dpscale.analysis.stateff import noise
 from dpscale import layout, results
 from dpscale.results import make_result, write_json_atomic
 
@@ -98,9 +99,9 @@ def buckets():
 
 
 def noise_window(b_simple: float, steps: int = 40) -> dict:
-    """A noise-scale record as the worker keeps it (stateff.b_simple_window), B_simple about b_simple."""
+    """A noise-scale record as the worker keeps it (noise.b_simple_window), B_simple about b_simple."""
     g2 = [1.0 + 0.1 * ((i * 7) % 5) for i in range(steps)]
-    return stateff.b_simple_window(g2, [b_simple * g * (1 + 0.05 * ((i * 3) % 4 - 1.5)) for i, g in enumerate(g2)])
+    return noise.b_simple_window(g2, [b_simple * g * (1 + 0.05 * ((i * 3) % 4 - 1.5)) for i, g in enumerate(g2)])
 
 
 def tta_metrics(rule: str, k: int, samples: list[int | None], emulated: bool = False, prb: int = 8) -> dict:

@@ -464,48 +464,33 @@ def test_time_to_accuracy_interpolates_fits_checks_and_forecasts(built):
     seeds = [r for r in rows_of(built, "tta_seeds") if r["machine"] == "this run" and r["lr_rule"] == "book"]
     assert len(seeds) == 9 and {r["crossing"] for r in seeds} <= {"interpolated", "exact", "never"}
     assert all(r["mlperf_epochs"] and r["epochs"] for r in seeds if r["converged"] == "True")
-    model = {r["lr_rule"]: r for r in rows_of(built, "tta_model") if r["machine"] == "this run"}
-    assert float(model["book"]["b_crit_samples"]) > 0 and model["book"]["e_min_interval_lo"] != ""
-    check = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "tta_holdout") if r["machine"] == "this run"}
+    model = {(r["lr_rule"], r["model"].split(":")[0]): r for r in rows_of(built, "tta_model") if r["machine"] == "this run"}
+    assert float(model[("book", "line")]["b_crit_samples"]) > 0 and model[("book", "line")]["e_min_interval_lo"] != ""
+    assert float(model[("book", "power law")]["alpha"]) > 0
+    assert float(model[("book", "line")]["weight"]) + float(model[("book", "power law")]["weight"]) == pytest.approx(1)
+    check = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "tta_holdout") if r["machine"] == "this run"
+             and r["check"] == "forward"}
     four = check[("book", "4")]
-    assert four["predicted_from"] == "k = 1, 2" and four["inside_band"] in ("True", "False")
-    assert float(four["band_lo"]) < float(four["predicted_epochs"]) < float(four["band_hi"]) and four["error_epochs"]
-    noise = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "tta_noise") if r["machine"] == "this run"}
-    assert float(noise[("book", "2")]["b_simple"]) == pytest.approx(20.0, rel=0.05)
-    assert noise[("book", "2")]["b_crit_over_b_simple"] != "" and noise[("book", "4")]["b_simple"] == "not measured"
+    assert four["predicted_from"] == "k = 1, 2" and four["combined_inside"] in ("True", "False")
+    for m in ("line", "power", "combined"):   # each model and their mixture, with its band
+        assert float(four[f"{m}_band_lo"]) < float(four[f"{m}_epochs"]) < float(four[f"{m}_band_hi"]), m
+    noise = {(r["lr_rule"], r["k"], r["window"].split(" (")[0]): r for r in rows_of(built, "tta_noise")
+             if r["machine"] == "this run"}
+    start = "step 0 to the target"
+    assert float(noise[("book", "2", start)]["b_noise"]) == pytest.approx(20.0, rel=0.05)
+    assert noise[("book", "2", start)]["b_crit_over_b_noise"] != "" and noise[("book", "4", start)]["b_noise"] == \
+        "not measured"
     grid = [r for r in rows_of(built, "tta_forecast") if r["machine"] == "this run" and r["lr_rule"] == "book"]
     assert [int(r["k"]) for r in grid][-1] == 128 and {r["samples_input"] for r in grid} >= {"measured", "predicted"}
+    two = {(r["lr_rule"], r["k"]): r for r in rows_of(built, "goodput") if r["machine"] == "this run"}[("book", "2")]
+    e = float(two["time_to_accuracy_s"]) / 2560 - 1 / 96     # evaluation seconds per sample (fixtures: k=2, 96/s)
+    for r in (r for r in grid if r["samples_per_s"]):         # the clock form carries the evaluation, band and all
+        sps = float(r["samples_per_s"])
+        assert float(r["time_to_accuracy_s"]) == pytest.approx(float(r["time_training_only_s"]) * (1 + e * sps))
+        assert float(r["time_to_accuracy_band_lo"]) < float(r["time_to_accuracy_s"]) < float(r["time_to_accuracy_band_hi"])
     assert any(r["nodes"] == "4" and r["speedup_band_lo"] != "" for r in grid)
     lines = built["summary"]["headlines"]["answer"] + built["html"]
     assert "soonest at k=" in lines and "fewest GPU-hours at k=" in lines
-
-
-def test_the_reference_h200_series_reads_as_the_analysis_gives_it():
-    """reference/h200's book rule through the report's reading equals stateff applied
-    to the committed results by hand: each seed's interpolated crossing on its stored
-    curve (the evaluations' own time taken out), statistical efficiency with Fieller's
-    interval, MLPerf's ratio of the results' own scores, the E(B) fit over every seed;
-    k=1's samples/s is the tuned series' (the step time to accuracy runs on a GPU)."""
-    from dpscale.analysis import stateff
-    from dpscale.report import tta
-    from dpscale.report.machines import load_reference
-    runs = {int(f.stem[1:]): json.loads(f.read_text())["metrics"]
-            for f in (ROOT / "reference/h200/runs/ddp_tta/book").glob("k*.json")}
-    rule = tta.of_machine(load_reference(ROOT / "reference" / "h200"), None)["rules"]["book"]
-    p = {q["k"]: q for q in rule["points"]}
-    assert sorted(p) == sorted(runs) == [1, 2, 4, 8]
-    seeds = {k: [r["samples"] for r in stateff.seed_rows(m["runs"], m["target_accuracy"], m["train_images"],
-                                                        eval_correction=True)] for k, m in runs.items()}
-    for k in (2, 4, 8):
-        e = stateff.statistical_efficiency(seeds[1], seeds[k])
-        got = (p[k]["statistical_efficiency"], p[k]["statistical_efficiency_lo"], p[k]["statistical_efficiency_hi"])
-        assert got == pytest.approx((e["value"], e["ci_lo"], e["ci_hi"])), (k, got, e)
-        assert p[k]["statistical_efficiency_mlperf"] == pytest.approx(
-            runs[1]["samples_to_target"] / runs[k]["samples_to_target"])
-    assert p[1]["samples_per_s_source"] == "measured (ddp_weak tuned)" and all(p[k]["emulated"] for k in (2, 4, 8))
-    fit = stateff.fit_batch_model({runs[k]["global_batch"]: seeds[k] for k in runs})
-    assert rule["fit"]["B_crit"]["value"] == pytest.approx(fit["B_crit"]["value"])
-    assert rule["fit"]["E_min"]["value"] == pytest.approx(fit["E_min"]["value"])
 
 
 def test_the_summary_ends_with_the_report_and_names_failures(built):

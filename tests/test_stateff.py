@@ -10,7 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from dpscale.analysis import stateff, stats, tta
+from dpscale.analysis import stats, tta
+from dpscale.analysis.stateff import batch_model, common, crossings, forecast, model_choice, noise, over_seeds
 
 # ---------------------------------------------------------------- a. crossing
 
@@ -20,34 +21,34 @@ def _curve(*pts):
 
 
 def test_crossing_between_evaluations_is_interpolated_linearly():
-    c = stateff.crossing(_curve((100, 10.0, 0.5), (200, 20.0, 0.8), (300, 30.0, 0.95)), 0.9, train_images=100)
+    c = crossings.crossing(_curve((100, 10.0, 0.5), (200, 20.0, 0.8), (300, 30.0, 0.95)), 0.9, train_images=100)
     assert c["status"] == "interpolated" and c["mlperf"]["samples"] == 300 and c["mlperf"]["epochs"] == 3.0
     f = (0.9 - 0.8) / (0.95 - 0.8)
     assert c["fraction"] == pytest.approx(f) and c["samples"] == pytest.approx(200 + 100 * f)
     assert c["seconds"] == pytest.approx(20 + 10 * f) and c["epochs"] == pytest.approx((200 + 100 * f) / 100)
     assert c["bracket_samples"] == [200, 300] and c["resolution_samples"] == 100
     # one evaluation takes 2 s of each bracket's 10: the training clock is interpolated, one evaluation added
-    e = stateff.crossing(_curve((100, 10.0, 0.5), (200, 20.0, 0.8), (300, 30.0, 0.95)), 0.9, eval_seconds=2.0)
+    e = crossings.crossing(_curve((100, 10.0, 0.5), (200, 20.0, 0.8), (300, 30.0, 0.95)), 0.9, eval_seconds=2.0)
     assert e["seconds"] == pytest.approx(20 + 8 * f + 2) and e["samples"] == c["samples"]
 
 
 def test_crossing_exact_hit_dip_never_and_start_above():
-    exact = stateff.crossing(_curve((100, 1.0, 0.5), (200, 2.0, 0.9), (300, 3.0, 0.95)), 0.9)
+    exact = crossings.crossing(_curve((100, 1.0, 0.5), (200, 2.0, 0.9), (300, 3.0, 0.95)), 0.9)
     assert exact["status"] == "exact" and exact["samples"] == 200 == exact["mlperf"]["samples"]
     assert exact["resolution_samples"] == 100
     # dips below before and after: the first crossing counts, the later dip changes nothing
-    dip = stateff.crossing(_curve((100, 1.0, 0.7), (200, 2.0, 0.6), (300, 3.0, 0.92), (400, 4.0, 0.5),
+    dip = crossings.crossing(_curve((100, 1.0, 0.7), (200, 2.0, 0.6), (300, 3.0, 0.92), (400, 4.0, 0.5),
                                   (500, 5.0, 0.95)), 0.9)
     assert dip["status"] == "interpolated" and dip["bracket_samples"] == [200, 300] and dip["mlperf"]["samples"] == 300
     assert dip["samples"] == pytest.approx(200 + 100 * 0.3 / 0.32)
-    never = stateff.crossing(_curve((100, 1.0, 0.5), (200, 2.0, 0.88)), 0.9)
+    never = crossings.crossing(_curve((100, 1.0, 0.5), (200, 2.0, 0.88)), 0.9)
     assert never["status"] == "never" and never["mlperf"] is None and never["samples"] is None
     assert never["censored_samples"] == 200 and never["best_accuracy"] == 0.88
-    above = stateff.crossing(_curve((100, 1.0, 0.93), (200, 2.0, 0.95)), 0.9)
+    above = crossings.crossing(_curve((100, 1.0, 0.93), (200, 2.0, 0.95)), 0.9)
     assert above["status"] == "starts_above" and above["samples"] == 100 and above["bracket_samples"] == [0, 100]
     assert above["resolution_samples"] == 100 and above["fraction"] is None
     with pytest.raises(ValueError, match="must increase"):
-        stateff.crossing(_curve((200, 1.0, 0.5), (100, 2.0, 0.95)), 0.9)
+        crossings.crossing(_curve((200, 1.0, 0.5), (100, 2.0, 0.95)), 0.9)
 
 
 def test_interpolation_is_nearer_the_true_crossing_than_the_first_evaluation_above():
@@ -59,7 +60,7 @@ def test_interpolation_is_nearer_the_true_crossing_than_the_first_evaluation_abo
     for tau in rng.uniform(40_000, 200_000, 200):
         true = -tau * math.log(1 - 0.9 / 0.95)
         s = np.arange(30_000, 3_000_000, 30_000)
-        c = stateff.crossing(_curve(*[(x, x / 5000, 0.95 * (1 - math.exp(-x / tau))) for x in s]), 0.9)
+        c = crossings.crossing(_curve(*[(x, x / 5000, 0.95 * (1 - math.exp(-x / tau))) for x in s]), 0.9)
         assert abs(c["samples"] - true) <= c["resolution_samples"]
         err_i.append(abs(c["samples"] - true))
         err_m.append(c["mlperf"]["samples"] - true)
@@ -69,7 +70,7 @@ def test_interpolation_is_nearer_the_true_crossing_than_the_first_evaluation_abo
 def test_seed_rows_keep_mlperf_values_beside_the_interpolated_ones():
     runs = [{"seed": 1, "eval_s": 1.0, "evaluations": 2, "curve": _curve((100, 10.0, 0.5), (200, 20.0, 0.95))},
             {"seed": 2, "eval_s": 1.0, "evaluations": 2, "curve": _curve((100, 10.0, 0.5), (200, 20.0, 0.6))}]
-    one, two = stateff.seed_rows(runs, 0.9, train_images=100, eval_correction=True)
+    one, two = crossings.seed_rows(runs, 0.9, train_images=100, eval_correction=True)
     f = 0.4 / 0.45
     assert one["converged"] and one["mlperf_samples"] == 200 and one["samples"] == pytest.approx(100 + 100 * f)
     assert one["seconds"] == pytest.approx(10 + 9.5 * f + 0.5) and one["mlperf_epochs"] == 2.0
@@ -102,7 +103,7 @@ def _coverage(method, censor=None, seed=11, trials=TRIALS, drop_censored=False):
         scored += 1
         if drop_censored:
             b = [v for v in b if v is not None]
-        r = stateff.ratio_over_seeds(a, b, method=method, draws=500, seed=int(rng.integers(1 << 30)))
+        r = over_seeds.ratio_over_seeds(a, b, method=method, draws=500, seed=int(rng.integers(1 << 30)))
         ok = r["ci_lo"] is not None
         hits.append(ok and r["ci_lo"] <= true <= r["ci_hi"])
         if ok:
@@ -132,23 +133,23 @@ def test_the_interval_over_seeds_is_chosen_by_its_coverage_at_five_seeds():
 def test_ratio_over_seeds_censoring_as_mlperf():
     k1 = [170e3, 150e3, 180e3, 160e3, 175e3]
     k2 = [230e3, 240e3, 210e3, None, 225e3]
-    r = stateff.statistical_efficiency(k1, k2)
+    r = over_seeds.statistical_efficiency(k1, k2)
     score = lambda v: tta.score([{"seed": i, "converged": x is not None, "samples_to_target": x}
                                  for i, x in enumerate(v)], "samples")["value"]
-    assert r["method"].startswith("Fieller on trimmed means") and r["censored"] == [0, 1] and r["covers"] == stateff.SEEDS
+    assert r["method"].startswith("Fieller on trimmed means") and r["censored"] == [0, 1] and r["covers"] == common.SEEDS
     assert r["value"] == pytest.approx(score(k1) / score(k2)) == pytest.approx(r["mlperf_value"])
     assert r["ci_lo"] < r["value"] < r["ci_hi"]
     # the censored seed is replaced by the second slowest whatever it was: the same interval as any slower value
-    r2 = stateff.statistical_efficiency(k1, [230e3, 240e3, 210e3, 900e3, 225e3], method="fieller_trimmed")
+    r2 = over_seeds.statistical_efficiency(k1, [230e3, 240e3, 210e3, 900e3, 225e3], method="fieller_trimmed")
     assert (r2["ci_lo"], r2["ci_hi"]) == (pytest.approx(r["ci_lo"]), pytest.approx(r["ci_hi"]))
-    two = stateff.statistical_efficiency(k1, [230e3, None, 210e3, None, 225e3])
+    two = over_seeds.statistical_efficiency(k1, [230e3, None, 210e3, None, 225e3])
     assert two["ci_lo"] is None and two["mlperf_value"] is None and "at most one" in two["method"]
-    plain = stateff.speedup(k1, [230e3, 240e3, 210e3, 220e3, 225e3])
+    plain = over_seeds.speedup(k1, [230e3, 240e3, 210e3, 220e3, 225e3])
     ref = stats.ratio_ci(k1, [230e3, 240e3, 210e3, 220e3, 225e3])
     assert plain["value"] == pytest.approx(ref["value"]) and plain["ci_lo"] == pytest.approx(ref["ci_lo"])
-    assert stateff.ratio_over_seeds(k1, k2, method="fieller_means")["ci_lo"] is None
+    assert over_seeds.ratio_over_seeds(k1, k2, method="fieller_means")["ci_lo"] is None
     with pytest.raises(ValueError, match="method"):
-        stateff.ratio_over_seeds(k1, k2, method="t")
+        over_seeds.ratio_over_seeds(k1, k2, method="t")
 
 
 # ---------------------------------------------------------------- c. gradient noise scale
@@ -177,18 +178,18 @@ def test_noise_scale_recovers_trace_g2_and_b_simple_from_per_sample_gradients():
     steps = 4000
     g = rng.multivariate_normal(G, sigma, size=(steps, K, B_SMALL))    # per-sample gradients ~ N(G, Sigma)
     small, big = _norms_from_shard_means(g.mean(2))
-    g2, tr = stateff.noise_terms(small, big, B_SMALL, B_BIG)
+    g2, tr = noise.noise_terms(small, big, B_SMALL, B_BIG)
     for est, truth in ((g2, G @ G), (tr, np.trace(sigma))):
         iv = stats.interval(list(est))
         assert iv["ci_lo"] <= truth <= iv["ci_hi"], (iv, truth)
-    ns = stateff.NoiseScale(B_SMALL, B_BIG, beta=0.999)
+    ns = noise.NoiseScale(B_SMALL, B_BIG, beta=0.999)
     ns.update_many(small, big)
     true_b = np.trace(sigma) / (G @ G)
     w = ns.window(blocks=20)
-    assert w["ci_lo"] <= true_b <= w["ci_hi"] and w["covers"] == stateff.STEPS and w["steps"] == steps
+    assert w["ci_lo"] <= true_b <= w["ci_hi"] and w["covers"] == noise.STEPS and w["steps"] == steps
     assert ns.b_simple == pytest.approx(true_b, rel=0.35) and ns.state()["steps"] == steps
     with pytest.raises(ValueError, match="b_big > b_small"):
-        stateff.NoiseScale(4, 4)
+        noise.NoiseScale(4, 4)
 
 
 def test_b_simple_window_interval_covers_95_percent():
@@ -201,8 +202,8 @@ def test_b_simple_window_interval_covers_95_percent():
     hits = []
     for _ in range(200):
         means = G + rng.standard_normal((800, K, D)) @ L.T
-        g2, tr = stateff.noise_terms(*_norms_from_shard_means(means), B_SMALL, B_BIG)
-        w = stateff.b_simple_window(g2, tr, blocks=10)
+        g2, tr = noise.noise_terms(*_norms_from_shard_means(means), B_SMALL, B_BIG)
+        w = noise.b_simple_window(g2, tr, blocks=10)
         hits.append(w["ci_lo"] is not None and w["ci_lo"] <= true_b <= w["ci_hi"])
     assert abs(np.mean(hits) - 0.95) <= 0.04
 
@@ -249,7 +250,7 @@ def test_the_model_recovers_e_min_and_b_crit_and_ignoring_the_batch_fails():
     """Four batch sizes, 5 seeds each, cv 10%: the intervals cover the truth 95% of the
     time (300 synthetic sets) and the points land within 15% (median). The mutation
     (E constant in B) fails the same check."""
-    real = _recovery(stateff.fit_batch_model)
+    real = _recovery(batch_model.fit_batch_model)
     assert _recovers(real), real
     mutant = _recovery(_constant_fit)
     assert not _recovers(mutant), mutant
@@ -260,57 +261,57 @@ def test_equal_weights_misstate_the_interval_when_the_spread_grows_with_b():
     """Why weighting "cv": with a spread proportional to E(B), equal weights (OLS) pool
     the large batches' spread into E_min's interval, which then covers 0.99 (too wide),
     and the point errors grow (median 10% vs 8%)."""
-    cov_e, cov_b, err = _recovery(lambda p: stateff.fit_batch_model(p, weighting="ols"))
-    assert cov_e > 0.975 and err > _recovery(stateff.fit_batch_model)[2]
+    cov_e, cov_b, err = _recovery(lambda p: batch_model.fit_batch_model(p, weighting="ols"))
+    assert cov_e > 0.975 and err > _recovery(batch_model.fit_batch_model)[2]
 
 
 def test_the_fit_with_two_batches_has_the_seeds_as_replicates():
     rng = np.random.default_rng(4)
     pts = _points(rng, batches=(256, 512))
-    f = stateff.fit_batch_model(pts)
-    assert f["df"] == 8 and f["n"] == 10 and f["batches"] == [256, 512] and f["covers"] == stateff.SEEDS
+    f = batch_model.fit_batch_model(pts)
+    assert f["df"] == 8 and f["n"] == 10 and f["batches"] == [256, 512] and f["covers"] == common.SEEDS
     assert f["E_min"]["ci_lo"] < f["E_min"]["value"] < f["E_min"]["ci_hi"]
     assert f["S_min"]["value"] == pytest.approx(f["E_min"]["value"] / f["B_crit"]["value"])
     pts[512][0] = None                                      # a seed that did not reach the target
-    g = stateff.fit_batch_model(pts, weighting="ols")
+    g = batch_model.fit_batch_model(pts, weighting="ols")
     assert g["censored"] == {512: 1} and g["n"] == 9 and g["weighting"] == "ols"
-    flat = stateff.fit_batch_model({256: [1e5, 1.1e5, 0.9e5], 512: [1.0e5, 1.05e5, 0.95e5]})
+    flat = batch_model.fit_batch_model({256: [1e5, 1.1e5, 0.9e5], 512: [1.0e5, 1.05e5, 0.95e5]})
     assert flat["B_crit"]["ci_hi"] == math.inf              # no batch-size cost resolved: no upper bound
-    p = stateff.predict(f, 1024, n_seeds=5)
+    p = batch_model.predict(f, 1024, n_seeds=5)
     assert p["conf_lo"] < p["mean"] < p["conf_hi"] and p["pred_lo"] < p["conf_lo"] and p["source"] == "predicted"
-    assert stateff.predict(f, 512)["source"] == "measured"
+    assert batch_model.predict(f, 512)["source"] == "measured"
     with pytest.raises(ValueError, match="2 batch sizes"):
-        stateff.fit_batch_model({256: [1e5, 1.1e5, 0.9e5]})
+        batch_model.fit_batch_model({256: [1e5, 1.1e5, 0.9e5]})
 
 
 def test_holdout_predicts_the_largest_batch_from_the_smaller_ones():
     rng = np.random.default_rng(6)
     pts = _points(rng)
-    h = stateff.holdout(pts, 2048)
+    h = batch_model.holdout(pts, 2048)
     assert h["fit_batches"] == [256, 512, 1024] and h["measured_n"] == 5 and h["inside_band"]
     assert abs(h["relative_error"]) < 0.15 and h["predicted"]["n_seeds"] == 5
     # a law that bends upward past 1,024 (the model's assumption broken): the held-out point lies outside
     bent = _points(rng, e_of=lambda B: E_MIN * (1 + B / B_CRIT) * (1.6 if B > 1024 else 1.0))
-    hb = stateff.holdout(bent, 2048)
+    hb = batch_model.holdout(bent, 2048)
     assert not hb["inside_band"] and hb["relative_error"] < -0.25
     # k=8 as the reference has it: both launched seeds short of a budget below the prediction
     cens = {**{B: pts[B] for B in (256, 512, 1024)}, 2048: [None, None]}
-    hc = stateff.holdout(cens, 2048, budget=400_000)
+    hc = batch_model.holdout(cens, 2048, budget=400_000)
     assert hc["measured_mean"] is None and hc["censored_n"] == 2
     assert hc["p_seed_over_budget"] > 0.9 and hc["p_censored_as_seen"] == pytest.approx(hc["p_seed_over_budget"] ** 2)
 
 
 def test_b_crit_is_compared_with_b_simple_not_forced():
     rng = np.random.default_rng(9)
-    fit = stateff.fit_batch_model(_points(rng))
+    fit = batch_model.fit_batch_model(_points(rng))
     G, sigma = _problem(rng, b_simple=500.0)
     L = np.linalg.cholesky(sigma / B_SMALL)
     means = G + rng.standard_normal((2000, K, D)) @ L.T
-    w = stateff.b_simple_window(*stateff.noise_terms(*_norms_from_shard_means(means), B_SMALL, B_BIG))
-    c = stateff.compare_b_crit(fit, w, draws=4000)
+    w = noise.b_simple_window(*noise.noise_terms(*_norms_from_shard_means(means), B_SMALL, B_BIG))
+    c = batch_model.compare_b_crit(fit, w, draws=4000)
     assert c["ci_lo"] < 1.0 < c["ci_hi"] and c["same_order"] and c["ratio"] == pytest.approx(
         fit["B_crit"]["value"] / w["b_simple"])
-    far = stateff.compare_b_crit(fit, {**w, "b_simple": w["b_simple"] * 100, "mean_trace": w["mean_trace"] * 100,
+    far = batch_model.compare_b_crit(fit, {**w, "b_simple": w["b_simple"] * 100, "mean_trace": w["mean_trace"] * 100,
                                        "cov": (np.array(w["cov"]) * [[1e4, 1e2], [1e2, 1]]).tolist()}, draws=4000)
     assert not far["same_order"] and far["ci_hi"] < 0.1
 
@@ -322,10 +323,10 @@ def test_tta_forecast_rows_fastest_and_cheapest_k():
     grow with k, so k=1 is cheapest; time = E(k b) / (5,000 k) falls while k b < ... always
     here (E grows slower than k), so the largest k is fastest."""
     rng = np.random.default_rng(1)
-    fit = stateff.fit_batch_model(_points(rng, batches=(256, 512, 1024)), sources={1024: "emulated"})
+    fit = batch_model.fit_batch_model(_points(rng, batches=(256, 512, 1024)), sources={1024: "emulated"})
     thr = {k: {"value": 5000.0 * k, "lo": 4900.0 * k, "hi": 5100.0 * k, "source": "forecast"} for k in (1, 2, 4, 8)}
     thr[1]["source"] = "measured"
-    out = stateff.tta_forecast(fit, [1, 2, 4, 8], 256, thr, draws=4000)
+    out = forecast.tta_forecast(fit, [1, 2, 4, 8], 256, thr, draws=4000)
     rows = {r["k"]: r for r in out["rows"]}
     assert out["fastest_k"] == 8 and out["cheapest_k"] == 1
     assert [rows[k]["samples_input"] for k in (1, 2, 4, 8)] == ["measured", "measured", "emulated", "predicted"]
@@ -335,31 +336,98 @@ def test_tta_forecast_rows_fastest_and_cheapest_k():
         assert r["time_s_lo"] < r["time_s"] < r["time_s_hi"] and r["gpu_hours"] == pytest.approx(r["k"] * r["time_s"] / 3600)
     assert sum(r["p_fastest"] for r in rows.values()) == pytest.approx(1.0) and rows[8]["p_cheapest"] < 0.05
     assert rows[1]["speedup"] == pytest.approx(1.0) and rows[8]["speedup_lo"] < rows[8]["speedup"] < rows[8]["speedup_hi"]
-    draws = stateff.tta_forecast(fit, [1, 2], 256, {1: {"draws": [5000.0] * 10, "source": "measured"}}, draws=500)
+    draws = forecast.tta_forecast(fit, [1, 2], 256, {1: {"draws": [5000.0] * 10, "source": "measured"}}, draws=500)
     assert draws["rows"][0]["samples_per_s"] == 5000.0 and draws["rows"][1]["time_s"] is None
     assert draws["fastest_k"] == 1
 
 
-# ---------------------------------------------------------------- the committed reference, read-only
+# ---------------------------------------------------------------- against a second, minimal implementation
+#
+# Each test below recomputes a number with numpy and scipy only, written here from the
+# method's definition (nothing imported from dpscale.analysis.stateff), and compares.
 
-def test_the_h200_reference_series():
-    """The report's reading of reference/h200's book rule (5 seeds at k = 1, 2, 4, 8, the
-    last three emulated): each seed's MLPerf samples are its result's own and its
-    interpolated crossing comes no later; the point's MLPerf score is the result's; every
-    k >= 4 is predicted from the smaller k only, inside its band (the README's claim);
-    statistical efficiency carries an interval around its value at every k."""
-    from conftest import ROOT
-    from dpscale.report import machines, tta
-    rec = tta.of_rule(machines.load_reference(ROOT / "reference/h200"), "book", None)
-    pts = {p["k"]: p for p in rec["points"]}
-    assert sorted(pts) == [1, 2, 4, 8] and all(pts[k]["emulated"] for k in (2, 4, 8))
-    for p in pts.values():
-        assert [s["mlperf_samples"] for s in p["seeds"]] == [r["samples_to_target"] for r in p["runs"]]
-        assert all(s["samples"] <= s["mlperf_samples"] for s in p["seeds"] if s["converged"])
-        assert p["scored"] and p["samples_lo"] < p["samples"] < p["samples_hi"]
-    holdout = {h["k"]: h for h in rec["holdout"]}
-    assert holdout[4]["from_ks"] == [1, 2] and holdout[8]["from_ks"] == [1, 2, 4]
-    assert all(h["inside_band"] and h["band_lo"] < h["predicted_epochs"] < h["band_hi"] for h in holdout.values())
-    for k in (2, 4, 8):
-        e = pts[k].get("statistical_efficiency")
-        assert e is not None and pts[k]["statistical_efficiency_lo"] < e < pts[k]["statistical_efficiency_hi"]
+def _fieller_ref(a, b, va, vb, cab, df, level=0.95):
+    """The ends of Fieller's interval for a / b: the roots of (a - r b)^2 = q (va - 2 r cab + r^2 vb)."""
+    from scipy import stats as sps
+    q = sps.t.ppf(0.5 + level / 2, df) ** 2
+    A, B, C = b * b - q * vb, -2 * (a * b - q * cab), a * a - q * va
+    root = math.sqrt(B * B - 4 * A * C)
+    return tuple(sorted(((-B - root) / (2 * A), (-B + root) / (2 * A))))
+
+
+def _yuen_ref(values):
+    """MLPerf's trimmed mean (one cut at each end) and Yuen's variance of it, a censored
+    seed (None) the slowest: (mean, variance, h)."""
+    x = np.sort([math.inf if v is None else v for v in values])
+    n, h = x.size, x.size - 2
+    w = np.concatenate([[x[1]], x[1:-1], [x[-2]]])           # Winsorized: each end replaced by its neighbour
+    return float(x[1:-1].mean()), float((n - 1) * w.var(ddof=1) / (h * (h - 1))), h
+
+
+def test_the_trimmed_interval_is_fieller_on_yuens_variances():
+    """A censored seed on one side: the interval is Fieller's on the two trimmed means
+    with Yuen's variances and the Welch-Satterthwaite df on h - 1 a side (a delta-method
+    interval about the same ratio has other ends: its ends are symmetric, Fieller's are not)."""
+    k1 = [170e3, 150e3, 180e3, 160e3, 175e3]
+    k2 = [230e3, 240e3, 210e3, None, 225e3]
+    (ma, va, ha), (mb, vb, hb) = _yuen_ref(k1), _yuen_ref(k2)
+    theta = ma / mb
+    df = (va + theta ** 2 * vb) ** 2 / (va ** 2 / (ha - 1) + theta ** 4 * vb ** 2 / (hb - 1))
+    got = over_seeds.ratio_over_seeds(k1, k2)
+    assert got["value"] == pytest.approx(theta, rel=1e-12)
+    assert (got["ci_lo"], got["ci_hi"]) == pytest.approx(_fieller_ref(ma, mb, va, vb, 0.0, df), rel=1e-9)
+    assert got["ci_hi"] - theta > theta - got["ci_lo"]         # Fieller's interval leans up, a ratio's way
+
+
+def _wls_ref(points):
+    """E = a + b B by least squares with weights 1 / E(B)^2 iterated from the fitted mean:
+    (coef, cov, s2, df), numpy only."""
+    x = np.array([B for B, vs in points.items() for v in vs if v is not None], float)
+    y = np.array([v for vs in points.values() for v in vs if v is not None], float)
+    X = np.column_stack([np.ones_like(x), x])
+    w = np.ones_like(x)
+    for _ in range(200):
+        coef = np.linalg.lstsq(X * np.sqrt(w)[:, None], y * np.sqrt(w), rcond=None)[0]
+        w = 1 / (X @ coef) ** 2
+    s2 = float(np.sum(w * (y - X @ coef) ** 2) / (x.size - 2))
+    return coef, s2 * np.linalg.inv(X.T @ (w[:, None] * X)), s2, x.size - 2
+
+
+def test_the_holdout_band_is_for_the_mean_of_the_seeds_measured_there():
+    """k=8 predicted from k <= 4: the band holdout() checks against is for the mean of the
+    5 seeds measured there, t(df) x sqrt(se^2 + (cv x mean)^2 / 5), as the line's own
+    check and as the mixture's line reports it (one seed's band is far wider)."""
+    from scipy import stats as sps
+    rng = np.random.default_rng(21)
+    pts = _points(rng)
+    fit_pts = {B: pts[B] for B in BATCHES[:-1]}
+    coef, cov, s2, df = _wls_ref(fit_pts)
+    x = np.array([1.0, BATCHES[-1]])
+    mean, se = float(x @ coef), math.sqrt(float(x @ cov @ x))
+    half = sps.t.ppf(0.975, df) * math.sqrt(se ** 2 + s2 * mean ** 2 / 5)
+    line = batch_model.holdout(pts, BATCHES[-1])["predicted"]
+    assert (line["pred_lo"], line["pred_hi"]) == pytest.approx((mean - half, mean + half), rel=1e-6)
+    both = model_choice.holdout(pts, BATCHES[-1], BATCHES[:-1])["models"]["line"]
+    assert (both["pred_lo"], both["pred_hi"]) == pytest.approx((mean - half, mean + half), rel=1e-6)
+
+
+def test_the_forecast_band_is_the_fits_band_times_the_clock_per_sample():
+    """One model, samples/s with no band: time = E(B) x (1 / samples/s + e), so its band is
+    the confidence band of E(B), mean +- t(df) se (a t variable: the fit's coefficients are
+    multivariate t), times (1 / samples/s + e), within Monte Carlo error; left out, the
+    evaluation time or the fit's own uncertainty would each move it far off."""
+    from scipy import stats as sps
+    rng = np.random.default_rng(22)
+    pts = _points(rng)
+    fit = batch_model.fit_batch_model(pts)
+    coef, cov, _s2, df = _wls_ref(pts)
+    thr = {k: {"value": 5000.0 * k, "source": "given"} for k in (1, 2, 4, 8)}
+    e = 4e-5                                                  # evaluation seconds per training sample
+    out = forecast.tta_forecast(fit, [1, 2, 4, 8], 256, thr, eval_s_per_sample=e, draws=40000, seed=3)
+    for r in out["rows"]:
+        x = np.array([1.0, r["global_batch"]])
+        mean, se = float(x @ coef), math.sqrt(float(x @ cov @ x))
+        c = 1 / thr[r["k"]]["value"] + e
+        q = sps.t.ppf(0.975, df)
+        assert r["time_s"] == pytest.approx(mean * c, rel=1e-6)
+        assert (r["time_s_lo"], r["time_s_hi"]) == pytest.approx(((mean - q * se) * c, (mean + q * se) * c), rel=0.01)

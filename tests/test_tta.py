@@ -183,8 +183,8 @@ def test_the_noise_probe_in_the_tuned_step_equals_a_direct_computation(real_k2, 
     assert found["rel"] < 1e-9, found
     g = found["got"]
     assert g["steps"] == 2 and g["k"] == (2 if case != "w2m2" else 4)
-    from dpscale.analysis import stateff
-    g2, tr = stateff.noise_terms(g["g_small_sq"][0], g["g_big_sq"][0], g["b_small"], g["b_big"])
+    from dpscale.analysis.stateff import noise
+    g2, tr = noise.noise_terms(g["g_small_sq"][0], g["g_big_sq"][0], g["b_small"], g["b_big"])
     assert tr > 0
 
 
@@ -292,14 +292,20 @@ TTA_TINY = {"tta_image_size": 16, "tta_train_images": 64, "tta_test_images": 32,
 @pytest.mark.parametrize("k,variant", [(1, "book"), (2, "linear"), (4, "book"), (1, "book_fp32")])
 def test_tta_worker_scores_its_seeds(tiny_data, tmp_path, k, variant):
     """k=1 and k=2 are real DDP over gloo; k=4 on this 2-device stand-in is emulated (2 x 2 ranks)."""
-    spec = make_spec(tiny_data, "ddp_tta", k, variant, proto=TTA_TINY)
+    drawn = variant == "linear"   # tta_seeds a number: that many seeds drawn fresh from the job's run id
+    spec = make_spec(tiny_data, "ddp_tta", k, variant, proto={**TTA_TINY, "tta_seeds": 3} if drawn else TTA_TINY)
     if variant == "book_fp32":   # planned on a CPU and skipped there (it *is* the CPU's step); its code path runs here
         assert spec["skip_reason"] == "book_fp32 needs a CUDA GPU"
         spec["skip_reason"] = None
     rc, res, log = run_job(spec, tmp_path)
     assert rc == 0 and res["status"] == "ok", log[-3000:]
     m = res["metrics"]
-    assert m["lr_rule"] == variant and m["seeds"] == [1, 2, 3] and m["target_accuracy"] == 0.01
+    assert m["lr_rule"] == variant and m["target_accuracy"] == 0.01
+    if drawn:
+        assert isinstance(m["run_id"], int) and m["seeds"] == tta.draw_seeds(m["run_id"], 3)
+    else:
+        assert m["run_id"] is None and m["seeds"] == [1, 2, 3]
+    assert [r["seed"] for r in m["runs"]] == m["seeds"]
     assert m["emulated"] is (k == 4) and m["processes"] == min(k, 2) and m["global_batch"] == 8 * k
     assert m["eval_every_samples"] == 32 and len(m["runs"]) == 3
     for r in m["runs"]:
@@ -324,7 +330,7 @@ def test_tta_worker_scores_its_seeds(tiny_data, tmp_path, k, variant):
         assert m["b_simple_samples_covers"] and m["noise_steps"] == 3 * max(1, 32 // (8 * k))
         assert all(len(r["noise_g2_grad_sq_steps"]) == r["noise_steps"] for r in m["runs"])
     beats = [line for line in log.splitlines() if "[tta seed " in line]
-    assert len(beats) == 3 and re.search(r"\[tta seed 1\] epoch 0\.\d\d samples [\d,]+ acc \d\.\d{4} train "
+    assert len(beats) == 3 and re.search(rf"\[tta seed {m['seeds'][0]}\] epoch 0\.\d\d samples [\d,]+ acc \d\.\d{{4}} train "
                                          r"[\d,]+ samples/s clock \d+\.\d s", beats[0]), beats
 
 
@@ -352,6 +358,22 @@ def test_a_settled_point_launches_no_more_seeds(monkeypatch):
     assert launched == [3, 4, 1] and m["not_launched_seeds"] == [] and m["scored"]   # one miss: all launched
 
 
+def test_a_measurement_draws_fresh_seeds_from_its_run_id_unless_they_are_listed(monkeypatch):
+    """tta_seeds a number: each job draws a new 63-bit run id (rank 0's, broadcast) and that
+    many distinct 31-bit seeds from it, the same seeds for the same id; a list is used as
+    listed, with no run id. The job's protocol (its Snakemake params) is the same for both
+    draws."""
+    from types import SimpleNamespace
+    from dpscale.measure import torch_tta
+    monkeypatch.setattr(torch_tta.dist, "broadcast", lambda t, src: None)
+    ctx = SimpleNamespace(proto={**TTA_TINY, "tta_seeds": 5}, rank=0, device=torch.device("cpu"))
+    (a, ida), (b, idb) = torch_tta.seeds_of(ctx), torch_tta.seeds_of(ctx)
+    assert ida != idb and not set(a) & set(b) and len(set(a)) == len(a) == 5
+    assert a == tta.draw_seeds(ida, 5) and all(0 <= s < 2 ** 31 for s in a + b)
+    assert tta.draw_seeds(ida, 3) == a[:3]
+    assert torch_tta.seeds_of(SimpleNamespace(proto=TTA_TINY)) == ([1, 2, 3], None)
+
+
 def test_too_few_images_for_the_largest_k_names_the_key():
     from dpscale.plan import config
     # smoke: 2,000 images, 8 a rank: k=256 needs 2,048 for one global batch
@@ -368,16 +390,16 @@ def test_b_simple_pooled_over_seeds_keeps_each_block_within_one_seed():
     """One run: the same ratio as b_simple_window. Two runs: the ratio of the means over
     every step, the interval from blocks cut within each run (20 blocks of 10 steps)."""
     import numpy as np
-    from dpscale.analysis import stateff
+    from dpscale.analysis.stateff import noise
     rng = np.random.default_rng(0)
     runs = [(rng.normal(2.0, 0.3, 100), rng.normal(50.0, 5.0, 100)), (rng.normal(1.0, 0.3, 37), rng.normal(60.0, 5, 37))]
-    one = stateff.b_simple_pooled(runs[:1])
-    assert one["b_simple"] == pytest.approx(stateff.b_simple_window(*runs[0])["b_simple"])
-    both = stateff.b_simple_pooled(runs)
+    one = noise.b_simple_pooled(runs[:1])
+    assert one["b_simple"] == pytest.approx(noise.b_simple_window(*runs[0])["b_simple"])
+    both = noise.b_simple_pooled(runs)
     g2, tr = np.concatenate([r[0] for r in runs]), np.concatenate([r[1] for r in runs])
     assert both["b_simple"] == pytest.approx(tr.mean() / g2.mean()) and both["steps"] == 137
-    assert both["blocks"] == 20 and both["ci_lo"] < both["b_simple"] < both["ci_hi"] and both["covers"] == stateff.POOLED
-    assert stateff.b_simple_pooled([([1.0], [2.0])])["ci_lo"] is None
+    assert both["blocks"] == 20 and both["ci_lo"] < both["b_simple"] < both["ci_hi"] and both["covers"] == noise.POOLED
+    assert noise.b_simple_pooled([([1.0], [2.0])])["ci_lo"] is None
 
 
 def test_interpolated_crossings_are_scored_as_mlperf_scores():

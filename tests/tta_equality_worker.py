@@ -86,17 +86,36 @@ def equality(r: int, own) -> dict:
     return out
 
 
+def direct(net, shards, group, k: int):
+    """Each shard's gradient by its own backward on a copy of the module: the local sum of
+    |g_j|^2 and of g_j, summed over the group, give mean |G_small|^2 and |G_big|^2."""
+    import copy
+
+    import torch.distributed as dist
+    from torch import nn
+    ref = copy.deepcopy(net)
+    loss_fn = nn.CrossEntropyLoss()
+    sq, total = torch.zeros((), dtype=torch.float64), None
+    for X, y in shards:
+        g = torch.autograd.grad(loss_fn(ref(X), y), list(ref.parameters()))
+        flat = torch.cat([t.reshape(-1) for t in g])
+        sq += flat.double().pow(2).sum()
+        total = flat.clone() if total is None else total + flat
+    dist.all_reduce(sq, group=group)
+    dist.all_reduce(total, group=group)
+    return float(sq) / k, float((total / k).double().pow(2).sum())
+
+
 def probe_norms(r: int, w: int, m: int, group) -> dict:
-    """The probe's per-step numbers on the tuned step against noise_scale_worker.direct
-    (each shard's gradient by its own backward on a copy), relative difference."""
-    import noise_scale_worker as nsw
+    """The probe's per-step numbers on the tuned step against direct() (each shard's
+    gradient by its own backward on a copy), relative difference."""
     k = w * m
     tr = trainer(r, m, tuned_options(), group, batch=NOISE_BATCH, probe=NOISE_STEPS + 1)
     want = []
     ranks = range(r * m, r * m + m) if w > 1 else range(m)
     for X, y in global_batches(k, NOISE_BATCH, NOISE_SIZE, channels_last=True)[:NOISE_STEPS]:
         shards = [(X[i * NOISE_BATCH:(i + 1) * NOISE_BATCH], y[i * NOISE_BATCH:(i + 1) * NOISE_BATCH]) for i in ranks]
-        want.append(nsw.direct(tr.net(), shards, group, k))
+        want.append(direct(tr.net(), shards, group, k))
         tr.step(torch.cat([s for s, _ in shards]), torch.cat([t for _, t in shards]), LR)
     got = tr.probe.flush()
     rel = max(max(abs(a - b) / abs(b) for a, b in zip((s, g), wv))

@@ -33,11 +33,12 @@ class Variant:
     name: str
     text: str                                  # what a reader sees in legends and tables
     tuned: bool = False                        # only when the config's `tuned` is on
-    # A series the answer does not read (the answer: DDP weak scaling of the resize cache,
-    # with the strong k=1 point that gives its compute line an intercept, and time to
-    # accuracy under the book's rule; the book's own figures: its DataLoader, JAX's host
-    # loop, FSDP; the tuned step that time to accuracy trains with): an ablation, or an
-    # alternative (another LR rule, precision, or the book's loop under strong scaling).
+    # A series the answer does not read (the answer, ANSWER below: time to accuracy under
+    # the book's rule and DDP weak scaling of the step it trains with, the tuned one on a
+    # GPU, the resize cache's elsewhere, with the strong k=1 point that gives its compute
+    # line an intercept; the book's own figures: its DataLoader, JAX's host loop, FSDP):
+    # an ablation, or an alternative (another LR rule, precision, or the book's loop
+    # under strong scaling).
     # Planned only where the config's `extended` is true (default false: at paper each
     # costs minutes of one GPU, and at smoke they were a quarter of the 2-core quick
     # start: docs/measurements/quickstart-cost_cpu2_2026-12-03.md).
@@ -311,6 +312,32 @@ _ALL = (
            limit_key="tta_timeout_s", emulates=True, extra_ks_key="tta_ks_emulated"),
 )
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in _ALL}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The series the report's first screen (and the closing summary) answers with: time
+    to accuracy under one experiment's variant, and the samples/s of the step that variant
+    trains with, read from its `rate_from` (the first of them measured at k=1). A machine
+    without a time to accuracy shows the samples/s of that same step, so every machine's
+    growth is the same step's."""
+    experiment: str
+    variant: str
+
+    def rule(self) -> Variant:
+        return get(self.experiment).variant(self.variant)
+
+    @property
+    def rate_experiment(self) -> str:
+        """The throughput experiment whose variants rate_from names: its family's weak scaling."""
+        return scaling_of(get(self.experiment).family, "weak")
+
+    @property
+    def rate_from(self) -> tuple[str, ...]:
+        return self.rule().rate_from
+
+
+ANSWER = Answer("ddp_tta", TTA_BOOK.name)
 
 
 def get(name: str) -> Experiment:

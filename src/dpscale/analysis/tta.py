@@ -14,7 +14,7 @@ BASE_LR = 0.1          # the book's SGD learning rate (section 13.6's train loop
 LR_SCALINGS = ("constant", "linear")
 MEASURES = ("seconds", "samples", "epochs")   # each scored on its own: <m>_to_target
 # The same three at the crossing interpolated between the evaluations that bracket the
-# target (dpscale.analysis.stateff.crossing), scored the same way: interpolated_<m>_to_target.
+# target (dpscale.analysis.stateff.crossings.crossing), scored the same way: interpolated_<m>_to_target.
 INTERPOLATED = tuple(f"interpolated_{m}" for m in MEASURES)
 
 
@@ -33,6 +33,20 @@ def lr_at(scaling: str, k: int, samples_seen: int, warmup_samples: int, base: fl
     if warmup_samples <= 0 or samples_seen >= warmup_samples:
         return peak
     return base + (peak - base) * samples_seen / warmup_samples
+
+
+def draw_seeds(run_id: int, n: int) -> list[int]:
+    """n distinct seeds from a run id: seed i = the first 31 bits of SHA-256("run_id:i")
+    (31 bits: torch.manual_seed, numpy and the data order's generator all take it). The
+    same id gives the same seeds, so a measurement is reproduced by listing them."""
+    import hashlib
+    out, i = [], 0
+    while len(out) < n:
+        seed = int.from_bytes(hashlib.sha256(f"{run_id}:{i}".encode()).digest()[:4], "big") >> 1
+        if seed not in out:
+            out.append(seed)
+        i += 1
+    return out
 
 
 def score(runs: list[dict], measure: str) -> dict:

@@ -26,7 +26,7 @@ evaluation; each evaluation timed between two synchronisations. The GPU's state 
 sampled at every evaluation. Once the accuracy is within tta_eval_near_margin of the
 target, evaluations come every tta_eval_near_every_samples (EvalSchedule), so that the
 crossing, interpolated between the two evaluations that bracket it
-(dpscale.analysis.stateff.crossing), is resolved finely; MLPerf's first-evaluation
+(dpscale.analysis.stateff.crossings), is resolved finely; MLPerf's first-evaluation
 values are kept beside it.
 
 The gradient noise scale (k >= 2): per step the mean over the k ranks of |G_small|^2
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import secrets
 import time
 
 import torch
@@ -53,7 +54,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dpscale.data import load as dsdata
-from dpscale.analysis import stateff, tta
+from dpscale.analysis import tta
+from dpscale.analysis.stateff import crossings, noise as gradient_noise
 from dpscale.measure.noise_scale import StepNoiseProbe
 from dpscale.measure.timing import sync
 from dpscale.measure.torch_ddp import GraphedStep, autocast, build_ddp, graph_side_stream
@@ -434,7 +436,7 @@ def one_launch(ctx: Ctx, seed: int, tr: Trainer) -> dict:
     p = ctx.proto
     k, _ = layout(ctx)
     batch = p["tta_per_rank_batch"]
-    noise = stateff.NoiseScale(batch, k * batch) if tr.probe is not None else None
+    noise = gradient_noise.NoiseScale(batch, k * batch) if tr.probe is not None else None
     sync(ctx.device)
     dist.barrier()
     t0 = time.perf_counter()                       # MLPerf's run_start: before the data is touched
@@ -460,7 +462,7 @@ def launch_record(ctx: Ctx, seed: int, curve: list[dict], seen: int, noise) -> d
     p = ctx.proto
     k = int(ctx.spec["k"])
     evals = [c["eval_s"] for c in curve]
-    c = stateff.crossing(curve, p["tta_target"], sum(evals) / len(evals), p["tta_train_images"])
+    c = crossings.crossing(curve, p["tta_target"], sum(evals) / len(evals), p["tta_train_images"])
     first = c["mlperf"]
     n = p["tta_train_images"]
     rec = {"seed": seed, "converged": first is not None,
@@ -495,12 +497,27 @@ def noise_record(noise, steps: int | None) -> dict:
 
 # ---------------------------------------------------------------- the point: every seed
 
+def seeds_of(ctx: Ctx) -> tuple[list[int], int | None]:
+    """The launches' seeds and the run id they were drawn from: tta_seeds as listed (to
+    reproduce a measurement; run id None), or that many drawn fresh (tta.draw_seeds) from
+    a random id rank 0 makes now and broadcasts, so each measurement's seeds are new while
+    the job's params stay the same (Snakemake reruns nothing for it)."""
+    want = ctx.proto["tta_seeds"]
+    if isinstance(want, list):
+        return [int(s) for s in want], None
+    t = torch.tensor([secrets.randbits(63) if ctx.rank == 0 else 0], dtype=torch.int64, device=ctx.device)
+    dist.broadcast(t, 0)
+    run_id = int(t.item())
+    return tta.draw_seeds(run_id, int(want)), run_id
+
+
 def exp_tta(ctx: Ctx) -> dict:
     """Every seed of the protocol, one launch after another, scored as MLPerf does."""
     p = ctx.proto
     k, ranks = layout(ctx)
+    seeds, run_id = seeds_of(ctx)
     runs, not_launched, tr = [], [], None
-    for seed in p["tta_seeds"]:
+    for seed in seeds:
         if tta.settled(runs):     # two launches did not converge: no score whatever the rest give
             not_launched.append(seed)
             continue
@@ -514,7 +531,7 @@ def exp_tta(ctx: Ctx) -> dict:
     opts = step_options(ctx)
     return {"lr_rule": ctx.spec["variant"], "lr_scaling": scaling, "lr_base": tta.BASE_LR,
             "lr_peak": tta.lr_at(scaling, k, 1 << 62, 0), "warmup_epochs": p.get("tta_warmup_epochs", 0),
-            "target_accuracy": p["tta_target"], "seeds": list(p["tta_seeds"]),
+            "target_accuracy": p["tta_target"], "seeds": seeds, "run_id": run_id,
             "eval_every_samples": p["tta_eval_every_samples"],
             "eval_near_every_samples": p["tta_eval_near_every_samples"],
             "eval_near_margin": p["tta_eval_near_margin"], "max_epochs": p["tta_max_epochs"],
@@ -565,7 +582,7 @@ def noise_fields(runs: list[dict]) -> dict:
         return {"noise_probe": False}
     windows = [(r["noise_g2_grad_sq_steps"][:r["noise_steps"]], r["noise_trace_grad_sq_steps"][:r["noise_steps"]])
                for r in have]
-    w = stateff.b_simple_pooled(windows)
+    w = gradient_noise.b_simple_pooled(windows)
     return {"noise_probe": True, "noise_scale": w,   # the whole record: report.tta sets it beside B_crit
             "b_simple_samples": w["b_simple"], "b_simple_samples_ci_lo": w["ci_lo"], "b_simple_samples_ci_hi": w["ci_hi"], "b_simple_samples_covers": w["covers"],
             "b_simple_method_txt": w["method"], "noise_steps": w["steps"],

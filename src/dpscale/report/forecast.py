@@ -571,16 +571,19 @@ def tta_text(machines: list, forecasts: list[dict]) -> str:
             if not f:
                 lines.append(f"  no forecast: {rule['fit_note'] or 'no samples/s at any k'}")
                 continue
-            fit = rule["fit"]
+            fit, ms = rule["fit"], rule["models"]
             lines.append(f"  E(B) fit: E_min {fit['E_min']['value'] / n:.2f} epochs, B_crit {fit['B_crit']['value']:.0f} "
                          f"samples; soonest k={f['clock']['fastest_k']}, fewest GPU-hours k={f['clock']['cheapest_k']} "
                          f"(evaluation on the clock)")
+            lines.append("  models: " + ", ".join(f"{name} {w:.0%}" for name, w in f["clock"]["models"].items())
+                         + f" ({ms['method']})")
             lines.append(f"    {'k':>4} {'batch':>6} {'epochs [95%]':<21} {'samples':<9} {'samples/s':>9} "
                          f"{'from':<30} {'time s [band]':<22} {'speed-up [band]':<20} {'training only'}")
             lines += [_tta_row(r, tta.forecast_row(rule, r["k"], "train"), n) for r in f["clock"]["rows"]]
-            lines += [f"  out of sample: k={h['k']} from k <= {max(h['from_ks'])}: predicted "
-                      f"{h['predicted_epochs']:.2f} epochs, measured " + (f"{h['measured_epochs']:.2f}, inside "
-                      f"the band: {h['inside_band']}" if h.get("measured_epochs") is not None else
+            lines += [f"  out of sample ({h['check']}): k={h['k']} from k = {', '.join(map(str, h['from_ks']))}: "
+                      f"predicted {h['predicted_epochs']:.2f} epochs (line {h['line_epochs']:.2f}, power law "
+                      f"{h['power_epochs']:.2f}), measured " + (f"{h['measured_epochs']:.2f}, inside the band: "
+                      f"{h['inside_band']}" if h.get("measured_epochs") is not None else
                       f"none ({h.get('censored_n')} seed(s) not at the target)") for h in rule["holdout"]
                       if h.get("predicted_epochs") is not None]
     return "\n".join(lines)

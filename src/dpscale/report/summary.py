@@ -48,58 +48,72 @@ def _ratio(p: dict | None, key: str, pct: bool = False) -> str:
     return f(p[key]) + ("%" if pct else "x") + (f" [{f(lo)}, {f(hi)}]" if lo is not None and hi is not None else "")
 
 
-COLUMNS = (f"  {'k':>4}  {'samples/s':<30} {'time to accuracy (eval. on clock)':<34} {'training only':<20} "
-           f"{'statistical efficiency':<24} run")
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"({100 * x:.0f}% eval.)"
+
+
+COLUMNS = (f"  {'k':>4}  {'samples/s (step that trained)':<30} {'time to accuracy: training only':<32} "
+           f"{'with evaluation on the clock':<38} {'statistical efficiency':<24} run")
 
 
 def k_line(r: dict) -> str:
-    """One k: samples/s speed-up (its source), time to accuracy (both forms), statistical efficiency."""
+    """One measured k: the samples/s growth of the step that trained (its source), time to
+    accuracy training only, then with the evaluation on the clock (its share), statistical
+    efficiency."""
     t, p = r["throughput"], r["point"]
     thr = f"{_x(t)} {'forecast' if (t or {}).get('source') == 'forecast' else ''}".strip()
     if p and not p["scored"]:
         from dpscale.report.chapters.tta import no_score_text
-        return f"  {r['k']:>4}  {thr:<30} {no_score_text(p):<80} {p['run']}"
-    return (f"  {r['k']:>4}  {thr:<30} {_ratio(p, 'speedup'):<34} {_ratio(p, 'speedup_train'):<20} "
+        return f"  {r['k']:>4}  {thr:<30} {no_score_text(p):<96} {p['run']}"
+    clock = f"{_ratio(p, 'speedup')} {_pct(r['eval_share']) if p else ''}".strip()
+    return (f"  {r['k']:>4}  {thr:<30} {_ratio(p, 'speedup_train'):<32} {clock:<38} "
             f"{_ratio(p, 'statistical_efficiency', True):<24} {(p or {}).get('run', '')}")
 
 
-def predicted_lines(data, m) -> list[str]:
-    """The time-to-accuracy forecast's answer: soonest k, fewest GPU-hours, 4 nodes of 8."""
-    from dpscale.report import tta
-    from dpscale.report.chapters.tta import of
-    rec = of(data, m)
-    rule = tta.primary(rec) if rec else None
-    f = (rule or {}).get("forecast")
-    if not f or f["clock"]["fastest_k"] is None:
+def forecast_at(r: dict) -> str:
+    """The forecast at one k, both forms, its evaluation share."""
+    return (f"k={r['k']}: forecast {_ratio(r['predicted_train'], 'speedup')} training only, "
+            f"{_ratio(r['predicted'], 'speedup')} with evaluation {_pct(r['predicted_eval_share'])}")
+
+
+def predicted_lines(o: dict) -> list[str]:
+    """The time-to-accuracy forecast's answer (chapters.answer.opening's): at the measured
+    k's after the measurement, soonest k, fewest GPU-hours, the far point, and where the
+    evaluation protocol is most of the clock."""
+    from dpscale.report.chapters.answer import dominance_text, models_text
+    pr, rule = o["predicted"], o["rule"]
+    if not pr:
         return []
-    c = f["clock"]
-    fast, cheap = (tta.forecast_row(rule, c[key]) for key in ("fastest_k", "cheapest_k"))
-    at = {r["k"]: r for r in c["rows"] if r["speedup"] is not None}
-    far = at.get(32) or at[max(at)]
-    nodes = (rule["rates"].get(far["k"]) or {}).get("nodes", 1)
-    return [f"  predicted ({rule['rule']} LR, E(B) fit / samples/s, evaluation on the clock; batches above "
-            f"{max(rule['measured_batches'], default=0):,} extrapolated):",
-            f"    soonest to {rule['target']:.0%}: k={fast['k']}, {fast['time_s']:.1f} s [{fast['time_s_lo']:.1f}, "
-            f"{fast['time_s_hi']:.1f}], {_ratio(fast, 'speedup')} (soonest in {fast['p_fastest']:.0%} of draws); "
-            f"fewest GPU-hours: k={cheap['k']} ({cheap['gpu_hours']:.2g} GPU-h); k={far['k']}"
-            + (f" ({nodes} nodes of {far['k'] // nodes})" if nodes > 1 else "") + f": {_ratio(far, 'speedup')}"]
+    fast, cheap, far = pr["soonest"], pr["cheapest"], pr["far"]
+    at = [r for r in o["rows"] if r["k"] > 1 and r["point"] and (r["predicted"] or {}).get("speedup") is not None]
+    out = [f"  predicted ({rule['rule']} LR, {models_text(pr['models'])}, over samples/s; batches above "
+           f"{pr['extrapolated_above']:,} extrapolated):"]
+    if at:
+        out.append("    forecast at the measured k (after the measurement): " + "; ".join(forecast_at(r) for r in at))
+    out.append(f"    soonest to {rule['target']:.0%}: k={fast['k']} (soonest in {fast['predicted']['p_fastest']:.0%} of "
+               f"draws), {fast['predicted']['time_s']:.1f} s [{fast['predicted']['time_s_lo']:.1f}, "
+               f"{fast['predicted']['time_s_hi']:.1f}]; fewest GPU-hours: k={cheap['k']} "
+               f"({cheap['predicted']['gpu_hours']:.2g} GPU-h); " + forecast_at(far)
+               + (f" ({pr['far_nodes']} nodes of {far['k'] // pr['far_nodes']})" if pr["far_nodes"] > 1 else ""))
+    dom = dominance_text(pr)
+    return out + ([f"    {dom}: there the training-only form says how the training scales"] if dom else [])
 
 
 def machine_lines(data, m) -> list[str]:
     """A machine's block: its k's against k=1, the forecast's knee, the predicted answer."""
     from dpscale.report import forecast as fcr
-    from dpscale.report.chapters import answer
-    rows = [r for r in answer.speedups(data, m) if r["k"] > 1 and (r["point"] or (r["throughput"] or {})
-                                                                     .get("source") == "measured")]
+    from dpscale.report.chapters.answer import opening, step_words
+    o = opening(data, m)
+    rows = [r for r in o["rows"] if r["k"] > 1 and (r["point"] or (r["throughput"] or {}).get("source") == "measured")]
     f = next((f for f in fcr.compute(data) if f["machine"] == m.name), None)
-    v = answer.weak_variant(m)
-    s = next((s for s in (f or {}).get("series", []) if s["family"] == "torch" and s["variant"] == v),
+    s = next((s for s in (f or {}).get("series", []) if s["family"] == "torch" and s["variant"] == o["variant"]),
              fcr.primary(f) if f else None)
-    pred = predicted_lines(data, m)
+    pred = predicted_lines(o)
     if not rows and not pred:
         return []
     sources = ", ".join(m.data_sources()) or "–"
-    out = [f"{'the book' if m.kind == 'book' else m.label}: {m.hardware}, {m.scale} scale, data {sources}"]
+    out = [f"{'the book' if m.kind == 'book' else m.label}: {m.hardware}, {m.scale} scale, data {sources}; "
+           f"{step_words(o)}"]
     out += [COLUMNS] + [k_line(r) for r in rows] if rows else []
     if s:
         out.append(f"  {fcr.naive_lead(f)}forecast knee (efficiency < {100 * s['knee_threshold']:.0f}%, {s['series']}): "
@@ -130,9 +144,10 @@ def lone_lines(m) -> list[str]:
 
 def text(data, html_path) -> str:
     """The closing summary of a built report (dpscale.report.build writes it)."""
-    out = ["", RULE, HEAD, "(speed-up over k=1 [95% interval]; samples/s forecast: its band; time to accuracy = "
-           "samples to target x (1 / samples/s + evaluation per sample), and training only; chapter 'Will k GPUs "
-           "train sooner?')", ""]
+    out = ["", RULE, HEAD, "(speed-up over k=1 [95% interval]; samples/s of the step the time-to-accuracy runs "
+           "trained with, forecast: its band; time to accuracy = samples to target x (1 / samples/s + evaluation "
+           "per sample): training only, then with the evaluation on the clock and its share; chapter 'Will k "
+           "GPUs train sooner?')", ""]
     for m in data.machines:
         block = machine_lines(data, m) or ([f"{m.label}: {m.hardware}, {m.scale} scale: no speed-up yet (needs k=1 "
                                             "and a larger k)"] if m is data.current else [])

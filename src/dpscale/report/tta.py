@@ -3,7 +3,7 @@ target, each point's samples to target with its interval, statistical efficiency
 samples/s at time to accuracy's protocol, time to accuracy and its speed-up over k=1
 with 95% intervals over the seeds, the E(B) model, its out-of-sample check, the noise
 scale beside B_crit, and the time-to-accuracy forecast to the throughput forecast's
-nodes. dpscale.analysis.stateff does the statistics; here results become its inputs.
+nodes. dpscale.analysis.stateff (a module a topic) does the statistics; here results become its inputs.
 
 The chapters (chapters.tta, chapters.answer), the tidy table, the closing summary and
 `dpscale forecast` (report.forecast.tta_text) read the same records: of_machine(m, fc),
@@ -14,9 +14,9 @@ One definition of time to accuracy, two forms, everywhere:
 with e the evaluation seconds per training sample (the clock never stops; evaluations
 come every fixed number of samples), "evaluation on the clock" (MLPerf's clock), and
 e = 0, "training only". samples to target is the seeds' mean of each seed's crossing
-interpolated between the evaluations that bracket it (stateff.crossing; MLPerf's score
+interpolated between the evaluations that bracket it (crossings.crossing; MLPerf's score
 of the first evaluation at or above the target beside it). The speed-up is time at
-k=1 over time at k, its interval Fieller's over the seeds (stateff.ratio_over_seeds on
+k=1 over time at k, its interval Fieller's over the seeds (over_seeds.ratio_over_seeds on
 per-seed times), samples/s taken at its value (its own interval is shown beside).
 """
 from __future__ import annotations
@@ -24,17 +24,22 @@ from __future__ import annotations
 import math
 
 from dpscale import registry
-from dpscale.analysis import stateff, stats
+from dpscale.analysis import stats
+from dpscale.analysis.stateff import batch_model, common, crossings, forecast as tta_forecast, model_choice, over_seeds
+from dpscale.report import tta_noise, tta_pool
 
 CLOCK = "evaluation on the clock"
 TRAIN = "training only"
-SEEDS = stateff.SEEDS
+SEEDS = common.SEEDS
+EXPERIMENT = registry.ANSWER.experiment          # time to accuracy's experiment
+RATE = registry.ANSWER.rate_experiment           # the throughput experiment rate_from names
 
 
 def rate_variants(rule: str) -> tuple[str, ...]:
-    """The ddp_weak variants whose step is this LR rule's (registry: Variant.rate_from)."""
-    exp = registry.get("ddp_tta")
-    return exp.variant(rule).rate_from if rule in exp.variant_names() else ("cached", "seed")
+    """The weak-scaling variants whose step is this LR rule's (registry: Variant.rate_from),
+    the answer's for a rule the registry does not declare (an older result)."""
+    exp = registry.get(EXPERIMENT)
+    return exp.variant(rule).rate_from if rule in exp.variant_names() else registry.ANSWER.rate_from
 
 
 def _m(r: dict | None) -> dict:
@@ -49,16 +54,24 @@ def run_kind(r: dict) -> str:
     return "emulated" if _m(r).get("emulated") else "real DDP"
 
 
-def rule_series(m, rule: str) -> dict[int, tuple[dict, str]]:
-    """{k: (result, how it ran)} of one LR rule; below the rule's min_k its k's are
-    another rule's (linear at k=1 is the book's rule, run once: dpscale.registry)."""
-    exp = registry.get("ddp_tta")
+def rule_series(m, rule: str) -> dict[int, tuple[dict, str, list[dict]]]:
+    """{k: (the pooled result, how it ran, every measurement's record)} of one LR rule
+    (dpscale.report.tta_pool: independent measurements of one protocol pooled); below
+    the rule's min_k its k's are another rule's (linear at k=1 is the book's rule, run
+    once: dpscale.registry)."""
+    exp = registry.get(EXPERIMENT)
     v = exp.variant(rule) if rule in exp.variant_names() else None
-    out = {k: (r, run_kind(r)) for k, r in m.series("ddp_tta", rule).items()}
+    out = {}
+    for k in m.series(EXPERIMENT, rule):
+        r, recs = tta_pool.pool(tta_pool.measurements(m, EXPERIMENT, rule, k))
+        if r:
+            out[k] = (r, run_kind(r), recs)
     if v is not None and v.same_below:
-        for k, r in m.series("ddp_tta", v.same_below).items():
+        for k in m.series(EXPERIMENT, v.same_below):
             if k < v.min_k and k not in out:
-                out[k] = (r, f"{run_kind(r)}: the {v.same_below} rule's run")   # the same rule at this k
+                r, recs = tta_pool.pool(tta_pool.measurements(m, EXPERIMENT, v.same_below, k))
+                if r:   # the same rule at this k
+                    out[k] = (r, f"{run_kind(r)}: the {v.same_below} rule's run", recs)
     return out
 
 
@@ -87,9 +100,9 @@ def estimate(values: list) -> dict:
         iv = stats.interval(got)
         out.update(value=iv["mean"], lo=iv["ci_lo"], hi=iv["ci_hi"], how="mean over seeds, Student's t")
     elif cens == 1:
-        t = stateff.trimmed(values)
+        t = over_seeds.trimmed(values)
         if t is None:
-            return {**out, "value": stateff.olympic(values), "how": "trimmed mean (MLPerf's), too few seeds for "
+            return {**out, "value": over_seeds.olympic(values), "how": "trimmed mean (MLPerf's), too few seeds for "
                                                                    "an interval"}
         from scipy import stats as sps
         half = float(sps.t.ppf(0.5 + stats.LEVEL / 2, t["h"] - 1)) * math.sqrt(t["var"])
@@ -98,18 +111,24 @@ def estimate(values: list) -> dict:
     return out
 
 
-def point(k: int, r: dict, run: str) -> dict:
-    """One (rule, k): its seeds' crossings, samples to target (interpolated) with its
-    interval, MLPerf's score of the first evaluations beside, the clock as measured."""
+def point(k: int, r: dict, run: str, recs: list[dict] | None = None) -> dict:
+    """One (rule, k): its seeds' crossings (every pooled measurement's), samples to target
+    (interpolated) with its interval, MLPerf's score of the first evaluations beside, the
+    clock as the newest measurement measured it (clock_runs, clock_seeds), and each
+    measurement's record (tta_pool.pool)."""
     g = _m(r)
     n_img, target = train_images(g), g.get("target_accuracy")
-    seeds = stateff.seed_rows(g.get("runs") or [], target, n_img, eval_correction=True) if target else []
+    seeds = crossings.seed_rows(g.get("runs") or [], target, n_img, eval_correction=True) if target else []
+    clock_runs = r.get("clock_runs") or g.get("runs") or []
+    clock_seeds = crossings.seed_rows(clock_runs, target, n_img, eval_correction=True) if target else []
     est = estimate([s["samples"] for s in seeds])
     ep = (lambda x: x / n_img if x is not None and n_img else None)
     return {"k": k, "run": run, "emulated": bool(g.get("emulated")), "global_batch": g.get("global_batch"),
             "per_rank_batch": g.get("per_rank_batch"), "image_size": (r.get("data") or {}).get("image_size")
             or g.get("image_size"), "train_images": n_img, "target": target, "max_epochs": g.get("max_epochs"),
-            "eval_every_samples": g.get("eval_every_samples"), "seeds": seeds, "samples": est["value"],
+            "eval_every_samples": g.get("eval_every_samples"), "eval_near_margin": g.get("eval_near_margin"),
+            "test_images": g.get("test_images"),
+            "seeds": seeds, "samples": est["value"],
             "samples_lo": est["lo"], "samples_hi": est["hi"], "samples_how": est["how"], "epochs": ep(est["value"]),
             "epochs_lo": ep(est["lo"]), "epochs_hi": ep(est["hi"]), "scored": est["value"] is not None,
             "mlperf_samples": g.get("samples_to_target"), "mlperf_epochs": g.get("epochs_to_target"),
@@ -118,12 +137,30 @@ def point(k: int, r: dict, run: str) -> dict:
             "clock_s_max": g.get("seconds_to_target_max"), "eval_s_mean": g.get("eval_s_mean"),
             "not_converged": list(g.get("not_converged_seeds") or []),
             "not_launched": list(g.get("not_launched_seeds") or []), "no_result_reason": g.get("no_result_reason"),
-            "seed_list": list(g.get("seeds") or []), "runs": g.get("runs") or [], "noise": noise_of(g)}
+            "seed_list": list(g.get("seeds") or []), "runs": g.get("runs") or [], "noise": noise_of(g),
+            "clock_runs": clock_runs, "clock_seeds": clock_seeds, "measurements": measurement_rows(recs or [], target,
+                                                                                               n_img)}
+
+
+def measurement_rows(recs: list[dict], target, n_img) -> list[dict]:
+    """Each measurement of a point: when, which seeds (run id), its own epochs to target
+    (mean over its seeds with Student's t interval, or MLPerf's trimmed mean), whether it
+    was pooled and why not."""
+    out = []
+    for x in recs:
+        g = _m(x["result"])
+        rows = crossings.seed_rows(g.get("runs") or [], target, n_img, eval_correction=True) if target else []
+        est = estimate([s["samples"] for s in rows])
+        ep = (lambda v: v / n_img if v is not None and n_img else None)
+        out.append({k: x[k] for k in ("label", "path", "commit", "finished_utc", "seeds", "run_id", "pooled", "why")}
+                   | {"epochs": ep(est["value"]), "epochs_lo": ep(est["lo"]), "epochs_hi": ep(est["hi"]),
+                      "samples": [s["samples"] for s in rows]})
+    return out
 
 
 def noise_of(g: dict) -> dict | None:
     """The gradient noise scale the worker recorded at this k: `noise_scale` in the
-    metrics (a stateff.b_simple_window record: b_simple, ci_lo, ci_hi, mean_trace,
+    metrics (a noise.b_simple_window record: b_simple, ci_lo, ci_hi, mean_trace,
     mean_g2, cov, df, steps, covers), else the first seed's `noise_scale` in its run
     record; None when neither is there (results before the probe: not measured)."""
     got = g.get("noise_scale")
@@ -137,11 +174,12 @@ def noise_of(g: dict) -> dict | None:
 
 
 def eval_per_sample(points: list[dict]) -> float:
-    """Evaluation seconds per training sample, pooled over every launch of the rule:
-    one t10k pass on one device every fixed number of samples, whatever k is."""
-    ev = sum(run.get("eval_s") or 0.0 for p in points for run in p["runs"])
+    """Evaluation seconds per training sample, pooled over every launch of the rule's
+    newest measurements (the evaluation's cost is the code's that runs now): one t10k
+    pass on one device every fixed number of samples, whatever k is."""
+    ev = sum(run.get("eval_s") or 0.0 for p in points for run in p["clock_runs"])
     n = sum(run.get("samples_trained") or (run.get("curve") or [{}])[-1].get("samples", 0)
-            for p in points for run in p["runs"])
+            for p in points for run in p["clock_runs"])
     return ev / n if n else 0.0
 
 
@@ -154,16 +192,38 @@ def same_protocol(p: dict, per_rank_batch, image_size) -> bool:
                for a, b in ((p["per_rank_batch"], per_rank_batch), (p["image_size"], image_size)))
 
 
-def measured_rate(m, p: dict, k: int, variants: tuple[str, ...]) -> dict | None:
-    """samples/s of this machine's weak scaling at k (the first of `variants` measured),
-    the mean over launches (or timed epochs) with its 95% interval."""
-    from dpscale.report.numbers import point as tpoint, spread
+def weak_variant(m) -> str | None:
+    """The weak-scaling series of the step the answer trains with, on a machine read
+    without a time-to-accuracy protocol to match (the book, a machine that ran none): the
+    first of registry.ANSWER.rate_from measured at k=1 and a larger k (a growth to show),
+    else the first measured at k=1, else the first series with any result."""
+    have = {v: {k for k, r in m.series(RATE, v).items() if ok(r)} for v in m.variants(RATE)}
+    order = list(registry.ANSWER.rate_from) + [v for v in have if v not in registry.ANSWER.rate_from]
+    return (next((v for v in order if 1 in have.get(v, ()) and len(have[v]) > 1), None)
+            or next((v for v in order if 1 in have.get(v, ())), None) or next((v for v in order if have.get(v)), None))
+
+
+def rate_variant(m, fc: dict | None, p: dict, variants: tuple[str, ...]) -> str | None:
+    """The one weak-scaling series whose samples/s time to accuracy divides by at every k
+    (never one series at k=1 and another at k): the first of `variants` measured at k=1
+    at time to accuracy's per-rank batch and image size (what rate_from picks), else the
+    first the throughput forecast has; None where neither."""
     for v in variants:
-        r = m.get("ddp_weak", v, k)
+        r = m.get(RATE, v, 1)
         if ok(r) and same_protocol(p, _m(r).get("per_rank_batch"), (r.get("data") or {}).get("image_size")):
-            value, lo, hi = tpoint(r)
-            return {"value": value, "lo": lo, "hi": hi, "level": stats.LEVEL, "source": f"measured (ddp_weak {v})",
-                    "covers": (spread(r) or {}).get("covers", "")}
+            return v
+    return next((v for v in variants if forecast_series(m, fc, p, (v,))), None)
+
+
+def measured_rate(m, p: dict, k: int, variant: str) -> dict | None:
+    """samples/s of this machine's weak scaling at k in `variant`, the mean over launches
+    (or timed epochs) with its 95% interval; None where it did not run at that protocol."""
+    from dpscale.report.numbers import point as tpoint, spread
+    r = m.get(RATE, variant, k)
+    if ok(r) and same_protocol(p, _m(r).get("per_rank_batch"), (r.get("data") or {}).get("image_size")):
+        value, lo, hi = tpoint(r)
+        return {"value": value, "lo": lo, "hi": hi, "level": stats.LEVEL, "source": f"measured ({RATE} {variant})",
+                "covers": (spread(r) or {}).get("covers", ""), "variant": variant}
     return None
 
 
@@ -174,7 +234,7 @@ def own_rate(p: dict) -> dict | None:
     if p["emulated"]:
         return None
     rates = []
-    for run in p["runs"]:
+    for run in p["clock_runs"]:
         end = (run.get("curve") or [{}])[-1]
         train_s = (end.get("seconds") or 0.0) - (run.get("eval_s") or 0.0)
         n = run.get("samples_trained") or end.get("samples")
@@ -184,7 +244,7 @@ def own_rate(p: dict) -> dict | None:
         return None
     iv = stats.interval(rates)
     return {"value": iv["mean"], "lo": iv["ci_lo"], "hi": iv["ci_hi"], "level": stats.LEVEL,
-            "source": "measured (the time-to-accuracy launches)", "covers": SEEDS}
+            "source": "measured (the time-to-accuracy launches)", "covers": SEEDS, "variant": None}
 
 
 def forecast_series(m, fc: dict | None, p: dict, variants: tuple[str, ...]) -> dict | None:
@@ -192,7 +252,7 @@ def forecast_series(m, fc: dict | None, p: dict, variants: tuple[str, ...]) -> d
     `variants` it has), or None."""
     by = {s["variant"]: s for s in (fc or {}).get("series", []) if s["family"] == "torch"}
     for v in variants:
-        s, r1 = by.get(v), m.get("ddp_weak", v, 1)
+        s, r1 = by.get(v), m.get(RATE, v, 1)
         if s and same_protocol(p, s.get("per_rank_batch"), (r1 or {}).get("data", {}).get("image_size")):
             return s
     return None
@@ -212,36 +272,102 @@ def forecast_rate(s: dict | None, level: float, k: int) -> dict | None:
 
 
 def rates(m, fc: dict | None, points: list[dict], ks, rule: str) -> dict[int, dict]:
-    """samples/s(k) for every k wanted, of the rule's step: measured by the weak-scaling
-    runs, else by the time-to-accuracy launches at a real k, else the throughput
-    forecast; a k with none is left out (not measured)."""
-    ref, variants = points[0], rate_variants(rule)
-    s = forecast_series(m, fc, ref, variants)
+    """samples/s(k) for every k wanted, of the rule's step, one series at every k
+    (rate_variant): measured by its weak-scaling runs, else by the time-to-accuracy
+    launches at a real k, else the throughput forecast of that series; a k with none is
+    left out (not measured)."""
+    ref = points[0]
+    v = rate_variant(m, fc, ref, rate_variants(rule))
+    s = forecast_series(m, fc, ref, (v,)) if v else None
     level = ((fc or {}).get("config") or {}).get("band_level", 0.9)
     by_k = {p["k"]: p for p in points}
     out = {}
     for k in sorted(set(ks)):
-        got = measured_rate(m, ref, k, variants) or (own_rate(by_k[k]) if k in by_k else None) or forecast_rate(s, level, k)
+        got = ((measured_rate(m, ref, k, v) if v else None) or (own_rate(by_k[k]) if k in by_k else None)
+               or forecast_rate(s, level, k))
         if got and got["value"]:
-            out[k] = got
+            out[k] = {"variant": v, **got}
+    return out
+
+
+# ---------------------------------------------------------------- samples/s growth of the step that trained
+
+def growth(m, rule: dict | None, fc: dict | None) -> tuple[str | None, dict[int, dict]]:
+    """(the weak-scaling series, {k: samples/s(k) / samples/s(1)}) of the step the answer
+    trains with: with a time-to-accuracy rule, of the rates its time divides by (the
+    series None where they are the launches' own); else of weak_variant(m), measured or
+    forecast (fc: the machine's throughput forecast)."""
+    if rule and rule["rates"].get(1):
+        return rule["rates"][1].get("variant"), _rate_growth(m, rule)
+    v = weak_variant(m)
+    return v, (_series_growth(m, v, fc) if v else {})
+
+
+
+def _series_growth(m, v: str, f: dict | None) -> dict[int, dict]:
+    """samples/s(k) / samples/s(1) of one weak-scaling series: measured (its 95% interval,
+    stats.ratio_ci on the ratio), else k x the forecast's weak efficiency (its band; f: the
+    machine's throughput forecast)."""
+    from dpscale.report.numbers import scaling
+    out = {}
+    s = next((s for s in (f or {}).get("series", []) if s["family"] == "torch" and s["variant"] == v), None)
+    level = ((f or {}).get("config") or {}).get("band_level", 0.9)
+    for r in (s or {}).get("rows", []):
+        if r.get("weak_efficiency") is not None and r["point"] != "measured":
+            k, lo, hi = r["k"], r.get("weak_efficiency_lo"), r.get("weak_efficiency_hi")
+            out[k] = {"value": k * r["weak_efficiency"], "lo": k * lo if lo else None, "hi": k * hi if hi else None,
+                      "source": "forecast", "covers": f"its {level:.0%} band", "nodes": r["nodes"], "variant": v}
+    for r in scaling(m, RATE, v):
+        if r["speedup"] is not None:
+            out[r["k"]] = {"value": r["speedup"], "lo": r["speedup_lo"], "hi": r["speedup_hi"], "source": "measured",
+                           "covers": r["ratio_covers"], "nodes": 1, "variant": v}
+    return dict(sorted(out.items()))
+
+
+def _rate_growth(m, rule: dict) -> dict[int, dict]:
+    """samples/s(k) / samples/s(1) of the rates time to accuracy divides by (rule["rates"]),
+    so that the training-only speed-up is statistical efficiency x this growth, exactly.
+    Both ends measured in one weak-scaling series: that series' ratio with its interval
+    (Fieller over launches); else the rate at k over the rate at k=1, the band of the
+    rate at k over k=1's value (k=1's interval, measured, is far narrower)."""
+    from dpscale.report.numbers import scaling
+    rates, out = rule["rates"], {}
+    r1 = rates.get(1)
+    if not r1:
+        return {}
+    v = r1.get("variant")
+    sc = {r["k"]: r for r in scaling(m, RATE, v)} if v else {}
+    series = f"measured ({RATE} {v})"
+    for k, r in sorted(rates.items()):
+        if k == 1 or (r["source"] == r1["source"] == series and sc.get(k, {}).get("speedup") is not None):
+            row = sc[k] if k > 1 else {"speedup": 1.0, "speedup_lo": None, "speedup_hi": None, "ratio_covers": ""}
+            out[k] = {"value": row["speedup"], "lo": row["speedup_lo"], "hi": row["speedup_hi"],
+                      "source": "measured", "covers": row["ratio_covers"], "nodes": 1, "variant": v}
+            continue
+        c = 1 / r1["value"]
+        out[k] = {"value": r["value"] * c, "lo": r["lo"] * c if r.get("lo") else None,
+                  "hi": r["hi"] * c if r.get("hi") else None,
+                  "source": "measured" if r["source"].startswith("measured") else "forecast",
+                  "covers": (r.get("covers") or "") + "; over k=1's samples/s at its value",
+                  "nodes": r.get("nodes", 1), "variant": r.get("variant")}
     return out
 
 
 # ---------------------------------------------------------------- time to accuracy at each point
 
 def _ratio(base: list, other: list) -> dict:
-    """stateff.ratio_over_seeds's value and interval, flat. Where it has no estimate but
+    """over_seeds.ratio_over_seeds's value and interval, flat. Where it has no estimate but
     both sides have MLPerf's score (one seed short of the target and fewer than 5
     seeds: no trimmed-mean interval), the ratio of those scores, without an interval."""
-    r = stateff.ratio_over_seeds(base, other)
+    r = over_seeds.ratio_over_seeds(base, other)
     if r["value"] is None and r["mlperf_value"] is not None:
         return {"value": r["mlperf_value"], "lo": None, "hi": None,
                 "method": "ratio of the MLPerf scores of the interpolated crossings, no interval: " + r["method"]}
     return {"value": r["value"], "lo": r["ci_lo"], "hi": r["ci_hi"], "method": r["method"]}
 
 
-def _per_seed(p: dict, key: str = "samples") -> list:
-    return [s[key] if s["converged"] else None for s in p["seeds"]]
+def _per_seed(p: dict, key: str = "samples", seeds: str = "seeds") -> list:
+    return [s[key] if s["converged"] else None for s in p[seeds]]
 
 
 def _times(p: dict, per_sample: float) -> list:
@@ -298,7 +424,7 @@ def _against_base(p: dict, base: dict | None, e: float, rate: dict | None, rate1
         out["speedup"] = _ratio(_times(base, 1 / rate1["value"] + e), _times(p, 1 / rate["value"] + e))
         out["speedup_train"] = _ratio(_times(base, 1 / rate1["value"]), _times(p, 1 / rate["value"]))
     if not p["emulated"] and not base["emulated"]:
-        out["clock_speedup"] = _ratio(_per_seed(base, "seconds"), _per_seed(p, "seconds"))
+        out["clock_speedup"] = _ratio(_per_seed(base, "seconds", "clock_seeds"), _per_seed(p, "seconds", "clock_seeds"))
     return out
 
 
@@ -309,15 +435,17 @@ def batch_points(points: list[dict]) -> dict:
     return {p["global_batch"]: _per_seed(p) for p in points if p["global_batch"] and p["seeds"]}
 
 
-def fit(points: list[dict]) -> tuple[dict | None, str]:
-    """stateff.fit_batch_model over the scored points (at most one seed short of the
-    target, as MLPerf scores them), or None and why not."""
+def fit(points: list[dict]) -> tuple[dict | None, dict | None, str]:
+    """The models of samples to target over the scored points (at most one seed short of
+    the target, as MLPerf scores them): the line (batch_model.fit_batch_model) and the set
+    of both models with their weights (model_choice.choose), or None and why not."""
     scored = [p for p in points if p["scored"] and p["global_batch"]]
     sources = {p["global_batch"]: "emulated" if p["emulated"] else "measured" for p in scored}
     try:
-        return stateff.fit_batch_model(batch_points(scored), sources=sources), ""
+        line = batch_model.fit_batch_model(batch_points(scored), sources=sources)
     except ValueError as e:
-        return None, str(e).removeprefix("fit_batch_model: ")
+        return None, None, str(e).removeprefix("fit_batch_model: ")
+    return line, model_choice.choose(batch_points(scored), sources=sources), ""
 
 
 def budget(points: list[dict]) -> float | None:
@@ -330,63 +458,60 @@ def budget(points: list[dict]) -> float | None:
 
 
 def holdout_rows(points: list[dict]) -> list[dict]:
-    """Each point with two or more scored batches below it, predicted from those alone
-    (stateff.holdout: the prediction band for the mean of its converged seeds)."""
-    allp, rows = batch_points(points), []
-    for p in points:
-        below = [q for q in points if q["k"] < p["k"] and q["scored"]]
-        if len(below) < 2 or not p["global_batch"]:
-            continue
-        try:
-            h = stateff.holdout(allp, p["global_batch"], fit_batches=[q["global_batch"] for q in below],
-                                budget=budget(points))
-        except ValueError as e:
-            rows.append({"k": p["k"], "from_ks": [q["k"] for q in below], "note": str(e)})
-            continue
-        rows.append({"k": p["k"], "run": p["run"], "global_batch": p["global_batch"],
-                     "from_ks": [q["k"] for q in below], **_holdout_fields(h, p["train_images"])})
+    """The models checked out of sample, every row: each point predicted from the smaller
+    k alone ("forward": two or more scored batches below it), and each point predicted
+    from every other scored k ("leave one out": the folds whose scores weigh the models),
+    a pair of batches counted once. Per row the line, the power law and their mixture
+    (model_choice.holdout: weights from the fitted batches' own folds only), and the
+    line's censoring check (batch_model.holdout: budget)."""
+    allp, rows, seen = batch_points(points), [], set()
+    scored = [q for q in points if q["scored"] and q["global_batch"]]
+    for kind in ("forward", "leave one out"):
+        for p in (p for p in points if p["global_batch"]):
+            fit_from = [q for q in scored if q is not p and (kind != "forward" or q["k"] < p["k"])]
+            key = (p["k"], tuple(q["k"] for q in fit_from))
+            if len(fit_from) < 2 or key in seen or (kind != "forward" and not p["scored"]):
+                continue
+            seen.add(key)
+            fb = [q["global_batch"] for q in fit_from]
+            try:
+                h = batch_model.holdout(allp, p["global_batch"], fit_batches=fb, budget=budget(points))
+                mc = model_choice.holdout(allp, p["global_batch"], fb)
+            except ValueError as e:
+                rows.append({"k": p["k"], "check": kind, "from_ks": list(key[1]), "note": str(e)})
+                continue
+            rows.append({"k": p["k"], "check": kind, "run": p["run"], "global_batch": p["global_batch"],
+                         "from_ks": list(key[1]), **_holdout_fields(h, mc, p["train_images"])})
     return rows
 
 
-def _holdout_fields(h: dict, n_img: int | None) -> dict:
+def _holdout_fields(h: dict, mc: dict, n_img: int | None) -> dict:
+    """A holdout row: the mixture's prediction and band first (what the forecast draws
+    from), then each model's; the line's censoring check."""
     ep = (lambda x: None if x is None or not n_img else x / n_img)
-    pr = h["predicted"]
-    return {"predicted_epochs": ep(pr["mean"]), "band_lo": ep(pr["pred_lo"]), "band_hi": ep(pr["pred_hi"]),
-            "band": h["band"], "measured_epochs": ep(h["measured_mean"]), "measured_n": h["measured_n"],
-            "censored_n": h["censored_n"], "error_epochs": ep(h["error"]), "relative_error": h["relative_error"],
-            "inside_band": h["inside_band"], "measured_is_lower_bound": h["measured_is_lower_bound"],
-            "p_seed_over_budget": h["p_seed_over_budget"], "p_censored_as_seen": h["p_censored_as_seen"],
-            "b_crit": h["fit"]["B_crit"]["value"], "note": ""}
+    c = mc["combined"]
+    out = {"predicted_epochs": ep(c["mean"]), "band_lo": ep(c["pred_lo"]), "band_hi": ep(c["pred_hi"]),
+           "band": h["band"], "measured_epochs": ep(h["measured_mean"]), "measured_n": h["measured_n"],
+           "censored_n": h["censored_n"], "relative_error": c["relative_error"], "inside_band": c["inside_band"],
+           "error_epochs": ep(c["mean"] - h["measured_mean"]) if h["measured_mean"] is not None else None,
+           "weights": mc["weights"], "weights_method": mc["method"],
+           "measured_is_lower_bound": h["measured_is_lower_bound"],
+           "p_seed_over_budget": h["p_seed_over_budget"], "p_censored_as_seen": h["p_censored_as_seen"],
+           "b_crit": h["fit"]["B_crit"]["value"], "note": ""}
+    for name, r in mc["models"].items():
+        out.update({f"{name}_epochs": ep(r["mean"]), f"{name}_band_lo": ep(r["pred_lo"]),
+                    f"{name}_band_hi": ep(r["pred_hi"]), f"{name}_relative_error": r["relative_error"],
+                    f"{name}_inside_band": r["inside_band"]})
+    return out
 
 
-def noise_rows(points: list[dict], model: dict | None) -> list[dict]:
-    """Per k >= 2: the measured B_simple (the worker's noise_scale) beside the fitted
-    B_crit (stateff.compare_b_crit), or "not measured"."""
-    rows = []
-    for p in points:
-        if p["k"] < 2:
-            continue
-        n = p["noise"]
-        row = {"k": p["k"], "global_batch": p["global_batch"], "b_simple": None, "b_simple_lo": None,
-               "b_simple_hi": None, "b_simple_covers": "", "noise_source": "not measured",
-               "b_crit": model["B_crit"]["value"] if model else None, "ratio": None, "ratio_lo": None,
-               "ratio_hi": None, "same_order": None}
-        if n:
-            row.update(b_simple=n["b_simple"], b_simple_lo=n.get("ci_lo"), b_simple_hi=n.get("ci_hi"),
-                       b_simple_covers=n.get("covers", ""), noise_source=n["source"])
-            if model and n.get("cov") is not None:
-                c = stateff.compare_b_crit(model, n)
-                row.update(ratio=c["ratio"], ratio_lo=c["ci_lo"], ratio_hi=c["ci_hi"], same_order=c["same_order"])
-        rows.append(row)
-    return rows
-
-
-def forecast(model: dict | None, ks, per_rank_batch, thr: dict, e: float) -> dict | None:
-    """stateff.tta_forecast at every k, both forms: {"clock": ..., "train": ...}."""
+def forecast_of(model: dict | None, ks, per_rank_batch, thr: dict, e: float) -> dict | None:
+    """forecast.tta_forecast at every k, both forms, over the models (model_choice.choose's
+    set): {"clock": ..., "train": ...}."""
     if model is None or not per_rank_batch or not thr:
         return None
-    return {"clock": stateff.tta_forecast(model, ks, int(per_rank_batch), thr, eval_s_per_sample=e),
-            "train": stateff.tta_forecast(model, ks, int(per_rank_batch), thr)}
+    return {"clock": tta_forecast.tta_forecast(model, ks, int(per_rank_batch), thr, eval_s_per_sample=e),
+            "train": tta_forecast.tta_forecast(model, ks, int(per_rank_batch), thr)}
 
 
 # ---------------------------------------------------------------- a machine
@@ -400,7 +525,7 @@ def grid_ks(fc: dict | None) -> list[int]:
 def of_rule(m, rule: str, fc: dict | None) -> dict | None:
     """One LR rule's points, model, check, noise scale and forecast; None without a
     scored-or-not point that ran."""
-    pts = [point(k, r, run) for k, (r, run) in sorted(rule_series(m, rule).items()) if ok(r)]
+    pts = [point(k, r, run, recs) for k, (r, run, recs) in sorted(rule_series(m, rule).items()) if ok(r)]
     if not pts:
         return None
     e = eval_per_sample(pts)
@@ -408,26 +533,29 @@ def of_rule(m, rule: str, fc: dict | None) -> dict | None:
     thr = rates(m, fc, pts, ks, rule)
     base = next((p for p in pts if p["k"] == 1 and p["scored"]), None)
     for p in pts:
-        p.update(timing(p, base, e, thr.get(p["k"]), thr.get(1)))
-    model, why = fit(pts)
-    fcast = forecast(model, ks, pts[0]["per_rank_batch"], thr, e)
+        p.update(timing(p, base, e, thr.get(p["k"]), thr.get(1)), noise_windows=tta_noise.windows(p))
+    model, models, why = fit(pts)
+    fcast = forecast_of(models, ks, pts[0]["per_rank_batch"], thr, e)
     return {"rule": rule, "points": pts, "eval_s_per_sample": e, "target": pts[0]["target"],
             "train_images": pts[0]["train_images"], "per_rank_batch": pts[0]["per_rank_batch"],
-            "budget_samples": budget(pts), "max_epochs": pts[0]["max_epochs"], "fit": model, "fit_note": why,
-            "holdout": holdout_rows(pts), "noise": noise_rows(pts, model), "forecast": fcast, "rates": thr,
+            "budget_samples": budget(pts), "max_epochs": pts[0]["max_epochs"], "fit": model, "models": models,
+            "fit_note": why,
+            "holdout": holdout_rows(pts), "noise": tta_noise.rows(pts, model),
+            "noise_intervals": tta_noise.interval_rows(pts), "forecast": fcast, "rates": thr,
             "measured_batches": sorted(p["global_batch"] for p in pts if p["scored"] and p["global_batch"])}
 
 
 def of_machine(m, fc: dict | None) -> dict:
     """Every LR rule of a machine: {"machine", "label", "rules": {rule: of_rule}, "primary"}:
-    the rule the first screen answers with (the book's where it ran)."""
+    the rule the first screen answers with (registry.ANSWER's where it ran, else the
+    book's protocol first)."""
     rules = {}
-    for rule in m.variants("ddp_tta"):
+    for rule in m.variants(EXPERIMENT):
         rec = of_rule(m, rule, fc)
         if rec:
             rules[rule] = rec
-    order = registry.get("ddp_tta").series_order(rules)   # the book's protocol first
-    primary = order[0] if order else None
+    order = registry.get(EXPERIMENT).series_order(rules)   # the book's protocol first
+    primary = registry.ANSWER.variant if registry.ANSWER.variant in rules else (order[0] if order else None)
     return {"machine": m.name, "label": m.label, "rules": rules, "primary": primary}
 
 

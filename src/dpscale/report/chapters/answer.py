@@ -1,105 +1,193 @@
 """The report's first screen: will k GPUs train sooner? One figure (speed-up over k=1
 against k, out to the throughput forecast's nodes: samples/s measured and forecast, and
 time to accuracy measured, emulated and predicted, with intervals and bands, each
-machine beside the book) and a few lines that name the k that reaches the target
-soonest and the k that spends the fewest GPU-hours. The same numbers end the run
-(dpscale.report.summary). The provenance's one-line summary sits above (the header);
-its tables and notes are a chapter of their own further down."""
+machine beside the book) and a few lines: per machine and k, one samples/s growth (of
+the step the time-to-accuracy runs trained with: registry.ANSWER) and one measured
+time-to-accuracy speed-up, training and evaluation apart; a forecast at a measured k
+after it, labelled; then the k predicted to reach the target soonest, the k that spends
+the fewest GPU-hours, and where the evaluation protocol is most of the clock.
+
+opening(data, m) computes a machine's answer once (memoised on the machine); the
+first screen's words, its table and figure, and the closing summary
+(dpscale.report.summary) all format that one record. The provenance's one-line summary
+sits above (the header); its tables and notes are a chapter of their own further down."""
 from __future__ import annotations
 
+from dpscale.analysis.stateff.model_choice import NAMES
 from dpscale.report import forecast as fcr, tta
 from dpscale.report.document import Chapter, FigureSpec, Page
 from dpscale.report.machines import Machine, ReportData
-from dpscale.report.numbers import scaling
 from dpscale.report.chapters.common import figure, prose, records_table
-from dpscale.report.chapters.tta import numbers, of, point_text
+from dpscale.report.chapters.tta import no_score_text, numbers, of
 
 FIGURES = (FigureSpec("answer", "Speed-up over one device against k, out to the forecast's nodes: samples/s "
                                 "(weak scaling) and time to accuracy, measured, emulated and predicted"),)
+FAR_K = 32          # the forecast's far point named on the first screen: 4 nodes of 8 (else the farthest k)
+EVAL_DOMINATES = 0.5   # the evaluation protocol's share of the clock above which the first screen says so
 
 
-def weak_variant(m: Machine) -> str | None:
-    """The weak-scaling series the answer uses: the device-resident one, else the first."""
-    variants = m.variants("ddp_weak")
-    return next((v for v in [x for x in ("cached",) if x in variants] + variants
-                 if any(r.get("status") == "ok" for r in m.series("ddp_weak", v).values())), None)
+# ---------------------------------------------------------------- the answer, once per machine
+
+def opening(data: ReportData, m: Machine) -> dict:
+    """A machine's answer, computed once: {"machine", "rule" (the primary LR rule's
+    dpscale.report.tta record, or None), "variant" (the weak-scaling series of the step
+    that trained), "rows" (per k: throughput growth, the measured point, the forecast's
+    rows in both forms, the evaluation's share of each clock), "predicted" (soonest,
+    cheapest, the far point; None without a forecast)}."""
+    return m.memo("answer_opening", lambda: _opening(data, m))
 
 
-def throughput(data: ReportData, m: Machine) -> dict[int, dict]:
-    """samples/s(k) / samples/s(1) per k: measured (95% interval, stats.ratio_ci), else
-    k x the forecast's weak efficiency (its band)."""
-    v = weak_variant(m)
-    out = {}
-    f = next((f for f in fcr.compute(data) if f["machine"] == m.name), None)
-    s = next((s for s in (f or {}).get("series", []) if s["family"] == "torch" and s["variant"] == v), None)
-    level = ((f or {}).get("config") or {}).get("band_level", 0.9)
-    for r in (s or {}).get("rows", []):
-        if r.get("weak_efficiency") is not None and r["point"] != "measured":
-            k = r["k"]
-            lo, hi = r.get("weak_efficiency_lo"), r.get("weak_efficiency_hi")
-            out[k] = {"value": k * r["weak_efficiency"], "lo": k * lo if lo else None, "hi": k * hi if hi else None,
-                      "source": "forecast", "covers": f"its {level:.0%} band", "nodes": r["nodes"]}
-    for r in (scaling(m, "ddp_weak", v) if v else []):
-        if r["speedup"] is not None:
-            out[r["k"]] = {"value": r["speedup"], "lo": r["speedup_lo"], "hi": r["speedup_hi"], "source": "measured",
-                           "covers": r["ratio_covers"], "nodes": 1}
-    return dict(sorted(out.items()))
-
-
-def speedups(data: ReportData, m: Machine) -> list[dict]:
-    """Per k: the samples/s speed-up, and at the primary LR rule the time-to-accuracy
-    point (measured or emulated) and the forecast's row (both forms)."""
-    thr = throughput(data, m)
+def _opening(data: ReportData, m: Machine) -> dict:
     rec = of(data, m)
     rule = tta.primary(rec) if rec else None
+    fc = next((f for f in fcr.compute(data) if f["machine"] == m.name), None)
+    variant, thr = tta.growth(m, rule, fc)
     pts = {p["k"]: p for p in (rule or {}).get("points", [])}
-    ks = sorted(set(thr) | set(pts) | {r["k"] for r in ((rule or {}).get("forecast") or {}).get("clock", {})
-                                        .get("rows", [])})
-    return [{"k": k, "throughput": thr.get(k), "point": pts.get(k), "predicted": tta.forecast_row(rule, k),
-             "predicted_train": tta.forecast_row(rule, k, "train")} for k in ks]
+    fc = ((rule or {}).get("forecast") or {}).get("clock") or {}
+    ks = sorted(set(thr) | set(pts) | {r["k"] for r in fc.get("rows", [])})
+    rows = []
+    for k in ks:
+        pred, train = tta.forecast_row(rule, k), tta.forecast_row(rule, k, "train")
+        p = pts.get(k)
+        rows.append({"k": k, "throughput": thr.get(k), "point": p, "predicted": pred, "predicted_train": train,
+                     "eval_share": _share(p and p.get("time_s"), p and p.get("time_train_s")),
+                     "predicted_eval_share": _share((pred or {}).get("time_s"), (train or {}).get("time_s"))})
+    return {"machine": m, "rule": rule, "variant": variant, "rows": rows, "predicted": _predicted(rule, rows)}
 
 
-def x_text(d: dict | None) -> str:
-    if not d or d.get("value") is None:
-        return "–"
-    band = f" [{d['lo']:.2f}, {d['hi']:.2f}]" if d.get("lo") is not None and d.get("hi") is not None else ""
-    return f"{d['value']:.2f}x{band}"
+def _share(clock_s, train_s) -> float | None:
+    """The evaluation's share of a time to accuracy: (clock - training only) / clock."""
+    return (clock_s - train_s) / clock_s if clock_s and train_s is not None else None
 
 
-def k_text(r: dict) -> str:
-    """One k of a machine's line: samples/s, then time to accuracy against k=1."""
-    p, t = r["point"], r["throughput"]
-    head = f"k={r['k']}" + (f" ({p['run']})" if p else "")
-    src = f"{t['source']}, {t['covers']}" if t and t["source"] == "forecast" else (t or {}).get("source")
-    parts = [f"samples/s {x_text(t)} ({src})" if t else "samples/s not measured here"]
-    if p:
-        parts.append(point_text(p))
-    return f"{head}: " + ", ".join(parts)
-
-
-def predicted_text(data: ReportData, m: Machine) -> str | None:
-    """The forecast's answer: the k that reaches the target soonest and the k that spends
-    the fewest GPU-hours (evaluation on the clock), and where 4 nodes of 8 stand."""
-    rec = of(data, m)
-    rule = tta.primary(rec) if rec else None
+def _predicted(rule: dict | None, rows: list[dict]) -> dict | None:
+    """The forecast's answer: the soonest k (and how often over the draws), the k with the
+    fewest GPU-hours, the far point (4 nodes of 8, else the farthest k), and the k's
+    where the evaluation protocol is most of the predicted clock."""
     f = (rule or {}).get("forecast")
     if not f or f["clock"]["fastest_k"] is None:
         return None
     c = f["clock"]
-    fast, cheap = (tta.forecast_row(rule, c[key]) for key in ("fastest_k", "cheapest_k"))
-    at = {r["k"]: r for r in c["rows"] if r["speedup"] is not None}
-    far = at.get(32) or at[max(at)]   # 4 nodes of 8, else the farthest k
+    at = {r["k"]: r for r in rows if (r["predicted"] or {}).get("speedup") is not None}
+    if not at:   # no k=1 samples/s: no speed-up to name
+        return None
+    far = at.get(FAR_K) or at[max(at)]
     nodes = (rule["rates"].get(far["k"]) or {}).get("nodes", 1)
-    beyond = max(rule["measured_batches"], default=0)
-    where = f"{nodes} nodes of {far['k'] // nodes}" if nodes > 1 else f"k={far['k']}"
-    return (f"predicted (E(B) fit / samples/s, {tta.CLOCK}): soonest at k={fast['k']}, "
-            f"{x_text(_band(fast, 'speedup'))} ({fast['time_s']:.1f} s; soonest in {fast['p_fastest']:.0%} of the "
-            f"draws); fewest GPU-hours at k={cheap['k']}; {where}: {x_text(_band(far, 'speedup'))}"
-            + (f" (batches above {beyond:,} extrapolated)" if beyond else ""))
+    return {"soonest": at.get(c["fastest_k"]) or next(r for r in rows if r["k"] == c["fastest_k"]),
+            "cheapest": next(r for r in rows if r["k"] == c["cheapest_k"]), "far": far, "far_nodes": nodes,
+            "extrapolated_above": max(rule["measured_batches"], default=0), "models": c.get("models"),
+            "eval_dominates": [r for r in at.values() if (r["predicted_eval_share"] or 0) > EVAL_DOMINATES]}
 
 
-def _band(r: dict, key: str) -> dict:
-    return {"value": r[key], "lo": r[f"{key}_lo"], "hi": r[f"{key}_hi"]}
+# ---------------------------------------------------------------- words
+
+def x_text(d: dict | None, key: str = "value") -> str:
+    """'1.88x [1.86, 1.89]' (no interval: the value alone), or '–'."""
+    if not d or d.get(key) is None:
+        return "–"
+    lo, hi = (d.get("lo"), d.get("hi")) if key == "value" else (d.get(f"{key}_lo"), d.get(f"{key}_hi"))
+    return f"{d[key]:.2f}x" + (f" [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else "")
+
+
+def pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def growth_text(t: dict | None) -> str:
+    """The samples/s growth of the step that trained: 'samples/s 1.88x [1.86, 1.89] (forecast)'."""
+    if not t:
+        return "samples/s not measured here"
+    return f"samples/s {x_text(t)} ({t['source']})"
+
+
+def tta_text(p: dict, share: float | None) -> str:
+    """The measured time-to-accuracy speed-up, training and evaluation apart."""
+    if not p["scored"]:
+        return f"time to accuracy: {no_score_text(p)}"
+    if p.get("speedup") is None:
+        return "time to accuracy: samples/s not measured at this k"
+    return (f"time to accuracy {x_text(p, 'speedup_train')} {tta.TRAIN}, {x_text(p, 'speedup')} with "
+            f"{tta.CLOCK} ({p['time_train_s']:.1f} s training + {p['time_s'] - p['time_train_s']:.1f} s "
+            f"evaluation, {pct(share)} of it)")
+
+
+def forecast_text(r: dict) -> str:
+    """The forecast at a k, labelled: after the measurement where k was measured."""
+    pred, train = r["predicted"], r["predicted_train"] or {}
+    return (f"forecast {x_text(train, 'speedup')} {tta.TRAIN}, {x_text(pred, 'speedup')} with {tta.CLOCK} "
+            f"(evaluation {pct(r['predicted_eval_share'])} of it)")
+
+
+def k_text(r: dict) -> str:
+    """One k of a machine: samples/s growth, the measured time to accuracy, then the forecast."""
+    p = r["point"]
+    head = f"k={r['k']}" + (f" ({p['run']})" if p else "")
+    parts = [growth_text(r["throughput"])] + ([tta_text(p, r["eval_share"])] if p else [])
+    if p and p["scored"]:
+        parts.append(f"statistical efficiency {x_pct(p, 'statistical_efficiency')}")
+    if p and r["predicted"] and r["predicted"].get("speedup") is not None:
+        parts.append(forecast_text(r))
+    return f"{head}: " + "; ".join(parts)
+
+
+def x_pct(p: dict, key: str) -> str:
+    v, lo, hi = p.get(key), p.get(f"{key}_lo"), p.get(f"{key}_hi")
+    if v is None:
+        return "–"
+    return f"{100 * v:.1f}%" + (f" [{100 * lo:.1f}, {100 * hi:.1f}]" if lo is not None and hi is not None else "")
+
+
+def models_text(models: dict | None) -> str:
+    """'E(B): the line 62%, the power law 38%' (the weights the forecast draws with)."""
+    if not models:
+        return "E(B) fit"
+    return "E(B): " + ", ".join(f"{name} {w:.0%}" for name, w in models.items())
+
+
+def dominance_text(pr: dict) -> str:
+    """Where the evaluation protocol is most of the predicted clock: from which k on, and
+    its share at one node of 8 and at the far point."""
+    dom = sorted(pr["eval_dominates"], key=lambda r: r["k"])
+    if not dom:
+        return ""
+    at = {r["k"]: r for r in dom}
+    named = [at[k] for k in sorted({dom[0]["k"], 8, pr["far"]["k"]}) if k in at]
+    return (f"the evaluation protocol (one t10k pass on one device, every fixed number of samples) is most of the "
+            f"predicted clock from k={dom[0]['k']} on (" + ", ".join(f"k={r['k']} {pct(r['predicted_eval_share'])}"
+                                                         for r in named) + ")")
+
+
+def predicted_text(o: dict) -> str | None:
+    """The forecast's answer in one sentence (evaluation on the clock unless said)."""
+    pr = o["predicted"]
+    if not pr:
+        return None
+    fast, cheap, far = pr["soonest"], pr["cheapest"], pr["far"]
+    where = f"{pr['far_nodes']} nodes of {far['k'] // pr['far_nodes']} (k={far['k']})" if pr["far_nodes"] > 1 \
+        else f"k={far['k']}"
+    dom = dominance_text(pr)
+    by = fast["predicted"].get("p_fastest_by_model") or {}
+    alone = (" (" + ", ".join(f"{NAMES.get(n, n)} alone {v:.0%}" for n, v in by.items()) + ")") if len(by) > 1 else ""
+    return (f"predicted ({models_text(pr['models'])}, over samples/s): soonest at k={fast['k']} in "
+            f"{fast['predicted']['p_fastest']:.0%} of the draws{alone}, {forecast_text(fast)}; fewest GPU-hours at "
+            f"k={cheap['k']}; {where}: {forecast_text(far)}"
+            + (f" (batches above {pr['extrapolated_above']:,} extrapolated)" if pr["extrapolated_above"] else "")
+            + (f". {dom[0].upper()}{dom[1:]}: there the clock form measures the protocol, the training-only form "
+               "the scaling" if dom else ""))
+
+
+def headline(o: dict) -> str:
+    """A machine's answer in one sentence: the measured speed-ups in both forms, the soonest k predicted."""
+    m, rule = o["machine"], o["rule"]
+    ks = [r for r in o["rows"] if r["k"] > 1 and r["point"]]
+    done = "; ".join(f"k={r['k']} ({r['point']['run']}): " + (
+        f"{x_text(r['point'], 'speedup_train')} {tta.TRAIN}, {x_text(r['point'], 'speedup')} with {tta.CLOCK}"
+        if r["point"]["scored"] else no_score_text(r["point"])) for r in ks)
+    pr = o["predicted"]
+    return (f"{who(m)}, to {rule['target']:.0%} test accuracy ({rule['rule']} LR; {step_words(o)}): time to accuracy "
+            f"against k=1, measured: {done}" + (f"; predicted soonest: k={pr['soonest']['k']} (in "
+                                                f"{pr['soonest']['predicted']['p_fastest']:.0%} of the draws)"
+                                                if pr else "") + caveat(m))
 
 
 def caveat(m: Machine) -> str:
@@ -109,50 +197,48 @@ def caveat(m: Machine) -> str:
                   "; some results on SYNTHETIC data (see the provenance)" if "synthetic" in sources else "")
 
 
-def short(data: ReportData, m: Machine) -> str | None:
-    """The answer for a machine with a time to accuracy, in one sentence, then the forecast's."""
-    rec = of(data, m)
-    rule = tta.primary(rec) if rec else None
-    rows = [r for r in speedups(data, m) if r["k"] > 1 and r["point"]]
-    if not rule or not rows:
-        return None
-    ok_ = [r for r in rows if r["point"].get("speedup") is not None]
-    emu = (lambda r: " (emulated)" if r["point"]["emulated"] else "")
-    parts = [f"{m.label}: to {rule['target']:.0%} test accuracy ({rule['rule']} LR), "
-             + (" and ".join(f"k={r['k']}{emu(r)} is {x_text(_band(r['point'], 'speedup'))}" for r in ok_)
-                + f" as fast as k=1 (time to accuracy, {tta.CLOCK}; {tta.TRAIN} "
-                + " and ".join(f"{r['point']['speedup_train']:.2f}x" for r in ok_) + ") while samples/s grow "
-                + " and ".join(x_text(r["throughput"]).split(" [")[0] for r in ok_) if ok_ else
-                "time to accuracy: samples/s not measured at its k")]
-    parts += [f"k={r['k']}{emu(r)}: {r['point']['target']:.0%} not reached" + (
-        f" within {r['point']['max_epochs']:g} epochs" if r["point"]["max_epochs"] else "")
-              for r in rows if not r["point"]["scored"]]
-    pred = predicted_text(data, m)
-    return "; ".join(parts + ([pred] if pred else [])) + caveat(m)
+def who(m: Machine) -> str:
+    return "the book" if m.kind == "book" else m.label
 
 
-def line(data: ReportData, m: Machine) -> str | None:
-    """A machine without a time to accuracy: its samples/s against k=1, in one line."""
-    rows = [r for r in speedups(data, m) if r["k"] > 1 and (r["throughput"] or {}).get("source") == "measured"]
-    if not rows:
-        return None
-    return f"{'the book' if m.kind == 'book' else m.label}: " + "; ".join(k_text(r) for r in rows) + caveat(m)
+def step_words(o: dict) -> str:
+    """Which step's samples/s: '(samples/s of the step that trained: ddp_weak tuned)'."""
+    if o["rule"] and o["variant"]:
+        return f"samples/s of the step that trained: {tta.RATE} {o['variant']}"
+    if o["rule"]:
+        return "samples/s of the time-to-accuracy launches themselves (no weak-scaling series at their protocol)"
+    return f"samples/s of the step time to accuracy trains with here: {tta.RATE} {o['variant']}"
 
 
 def lines(data: ReportData) -> list[str]:
-    """The first screen's words: each machine with a time to accuracy (its answer and its
-    forecast's), then the others' samples/s."""
+    """The first screen's words: per machine with a time to accuracy, its answer, a line
+    per k and its forecast's; then each other machine's samples/s growth in one line."""
     mine = [m for m, _r in numbers(data)]
-    out = [t for m in mine if (t := short(data, m))]
-    out += [t for m in data.machines if all(m is not x for x in mine) and (t := line(data, m))]
+    out = []
+    for m in mine:
+        o = opening(data, m)
+        ks = [r for r in o["rows"] if r["k"] > 1 and r["point"]]
+        if not o["rule"] or not ks:
+            continue
+        out.append(headline(o))
+        out += [f"{who(m)} {k_text(r)}" for r in ks]
+        out += [f"{who(m)} {t}" for t in [predicted_text(o)] if t]
+    for m in (m for m in data.machines if all(m is not x for x in mine)):
+        rows = [r for r in opening(data, m)["rows"] if r["k"] > 1 and (r["throughput"] or {}).get("source")
+                == "measured"]
+        if rows:
+            out.append(f"{who(m)} ({step_words(opening(data, m))}): " + "; ".join(k_text(r) for r in rows)
+                       + caveat(m))
     return out or ["No scaling result yet."]
 
 
-COLUMNS = ["machine", "k", "run", "samples_per_s_from", "throughput_x", "throughput_ci", "tta_x", "tta_ci",
-           "tta_train_x", "tta_train_ci", "stat_eff", "stat_eff_ci", "note"]
+# ---------------------------------------------------------------- the table
+
+COLUMNS = ["machine", "k", "run", "samples_per_s_from", "throughput_x", "throughput_ci", "tta_train_x",
+           "tta_train_ci", "tta_x", "tta_ci", "eval_share", "stat_eff", "stat_eff_ci", "note"]
 
 
-def _cells(t: dict, p: dict | None) -> dict:
+def _cells(t: dict, p: dict | None, share: float | None) -> dict:
     """A row's numbers: samples/s, time to accuracy (both forms) and statistical efficiency."""
     from dpscale.report.chapters.tta import iv, pc, times
     g = (lambda key: (p or {}).get(key))
@@ -160,7 +246,7 @@ def _cells(t: dict, p: dict | None) -> dict:
     return {"samples_per_s_from": t.get("source", "not measured"), "throughput_x": times(t.get("value")),
             "throughput_ci": two(t.get("lo"), t.get("hi")), "tta_x": times(g("speedup")),
             "tta_ci": two(g("speedup_lo"), g("speedup_hi")), "tta_train_x": times(g("speedup_train")),
-            "tta_train_ci": two(g("speedup_train_lo"), g("speedup_train_hi")),
+            "tta_train_ci": two(g("speedup_train_lo"), g("speedup_train_hi")), "eval_share": pc(share, 0),
             "stat_eff": pc(g("statistical_efficiency")),
             "stat_eff_ci": iv(g("statistical_efficiency_lo"), g("statistical_efficiency_hi"),
                               lambda x: f"{100 * x:.1f}%")}
@@ -172,37 +258,39 @@ def table_rows(data: ReportData) -> list[dict]:
     out = []
     mine = [m for m, _r in numbers(data)]
     for m in mine + [m for m in data.machines if all(m is not x for x in mine)]:
-        who = "book" if m.kind == "book" else m.label
-        for r in speedups(data, m):
+        o = opening(data, m)
+        for r in o["rows"]:
             p, t = r["point"], r["throughput"] or {}
             if r["k"] < 2 or not (p or t.get("source") == "measured"):
                 continue
-            note = (f"no score: {len(p['not_converged'])} seeds short of {p['target']:.0%}"
-                    + (f" in {p['max_epochs']:g} epochs" if p["max_epochs"] else "") if p and not p["scored"] else "")
-            out.append({"machine": who, "k": r["k"], "run": (p or {}).get("run", "real"), **_cells(t, p),
-                        "note": note})
-        out += predicted_rows(data, m, who)
+            note = no_score_text(p) if p and not p["scored"] else ""
+            out.append({"machine": who(m), "k": r["k"], "run": (p or {}).get("run", "real"),
+                        **_cells(t, p, r["eval_share"]), "note": note})
+        out += predicted_rows(o, who(m))
     return out
 
 
-def predicted_rows(data: ReportData, m: Machine, who: str) -> list[dict]:
+def predicted_rows(o: dict, name: str) -> list[dict]:
     """The forecast at the k that reaches the target soonest, at one node of 8 and at 4."""
-    rec = of(data, m)
-    rule = tta.primary(rec) if rec else None
-    f = (rule or {}).get("forecast")
-    if not f or f["clock"]["fastest_k"] is None:
+    pr = o["predicted"]
+    if not pr:
         return []
-    thr, out, fast = throughput(data, m), [], f["clock"]["fastest_k"]
-    for k, why in ((fast, "predicted soonest"), (8, "one node of 8"), (32, "4 nodes of 8")):
-        r, t = tta.forecast_row(rule, k), tta.forecast_row(rule, k, "train") or {}
-        if not r or r["speedup"] is None or any(x["k"] == k and x["run"] == "predicted" for x in out):
+    out = []
+    fast = pr["soonest"]["k"]
+    by = {r["k"]: r for r in o["rows"]}
+    for k, why in ((fast, "predicted soonest"), (8, "one node of 8"), (FAR_K, "4 nodes of 8")):
+        r = by.get(k)
+        if not r or (r["predicted"] or {}).get("speedup") is None or any(x["k"] == k for x in out):
             continue
-        band = {"speedup": r["speedup"], "speedup_lo": r["speedup_lo"], "speedup_hi": r["speedup_hi"],
+        pred, t = r["predicted"], r["predicted_train"] or {}
+        band = {"speedup": pred["speedup"], "speedup_lo": pred["speedup_lo"], "speedup_hi": pred["speedup_hi"],
                 "speedup_train": t.get("speedup"), "speedup_train_lo": t.get("speedup_lo"),
                 "speedup_train_hi": t.get("speedup_hi")}
-        out.append({"machine": who, "k": k, "run": "predicted", **_cells(thr.get(k) or {}, band),
-                    "note": f"{why}; the soonest in {r['p_fastest']:.0%} of draws" + (
-                        f"; fewest GPU-hours: k={f['clock']['cheapest_k']}" if k == fast else "")})
+        out.append({"machine": name, "k": k, "run": "predicted", **_cells(r["throughput"] or {}, band,
+                                                                            r["predicted_eval_share"]),
+                    "note": f"{why}; the soonest in {pred['p_fastest']:.0%} of draws" + (
+                        f"; fewest GPU-hours: k={pr['cheapest']['k']}" if k == fast else "")
+                    + ("; a forecast at a measured k: the measured row comes first" if r["point"] else "")})
     return out
 
 
@@ -210,14 +298,17 @@ def page(data: ReportData) -> Page:
     ls = lines(data)
     return Page("answer", CHAPTER.title, prose("answer"), figures=[figure(FIGURES[0], ls[0], ls[1:])],
                 tables=[records_table("answer", "The answer per machine and k, speed-up over k=1: throughput_x in "
-                                      "samples/s; tta_x in time to accuracy, evaluation on the clock; tta_train_x, "
-                                      "training only; stat_eff, statistical efficiency", table_rows(data), COLUMNS,
-                                      note=TABLE_NOTE)])
+                                      "samples/s of the step that trained; tta_train_x in time to accuracy, training "
+                                      "only; tta_x, with the evaluation on the clock (eval_share: the evaluation's "
+                                      "share of that clock); stat_eff, statistical efficiency", table_rows(data),
+                                      COLUMNS, note=TABLE_NOTE)])
 
 
 TABLE_NOTE = ("Intervals (_ci): 95% over independent seeded launches for time to accuracy and statistical "
               "efficiency; samples/s its own 95% interval where measured, the throughput forecast's band where "
-              "forecast. Predicted rows: the E(B) fit over samples/s(k), a joint band.")
+              "forecast. samples/s is the step's that the time-to-accuracy runs trained with (registry.ANSWER), "
+              "so tta_train_x = stat_eff x throughput_x. Predicted rows: the E(B) models over samples/s(k), a "
+              "joint band; at a measured k they come after the measured row.")
 
 
 CHAPTER = Chapter("answer", "Will k GPUs train sooner?", FIGURES, ("answer",), page)

@@ -9,7 +9,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, NullFormatter, NullLocator
 
-from dpscale.report.chapters.answer import speedups
+from dpscale.report.chapters.answer import opening
 from dpscale.report.chapters.tta import numbers
 from dpscale.report.machines import ReportData
 from dpscale.report.figures import kit
@@ -37,12 +37,13 @@ def _throughput(ax, rows: list[dict], color: str, forecast: bool) -> bool:
 def _tta(ax, rows: list[dict], color: str) -> bool:
     pts = [r["point"] for r in rows if r["point"] and r["point"].get("speedup") is not None]
     for p in pts:
-        lo, hi = p.get("speedup_lo"), p.get("speedup_hi")
-        if lo is not None and hi is not None:
-            ax.errorbar([p["k"]], [p["speedup"]], yerr=[[p["speedup"] - lo], [hi - p["speedup"]]], color=color,
-                        capsize=4, lw=1.2, zorder=4)
-        ax.plot([p["k"]], [p["speedup"]], marker="s", ms=8, color=color, mfc="white" if p["emulated"] else color,
-                mew=1.6, ls="", zorder=5)
+        for key, marker, dx in (("speedup", "s", 1.0), ("speedup_train", "^", 1.06)):
+            lo, hi = p.get(f"{key}_lo"), p.get(f"{key}_hi")
+            if lo is not None and hi is not None:
+                ax.errorbar([p["k"] * dx], [p[key]], yerr=[[p[key] - lo], [hi - p[key]]], color=color,
+                            capsize=4, lw=1.2, zorder=4)
+            ax.plot([p["k"] * dx], [p[key]], marker=marker, ms=8, color=color,
+                    mfc="white" if p["emulated"] else color, mew=1.6, ls="", zorder=5)
     pred = [{"k": r["k"], "value": r["predicted"]["speedup"], "lo": r["predicted"]["speedup_lo"],
              "hi": r["predicted"]["speedup_hi"]} for r in rows if (r["predicted"] or {}).get("speedup") is not None]
     train = [{"k": r["k"], "value": r["predicted_train"]["speedup"]} for r in rows
@@ -100,6 +101,7 @@ def _entries(data: ReportData, used, with_tta: bool) -> list[tuple]:
     if with_tta:
         out += [(Line2D([], [], color=grey, marker="s", ls=""), "time to accuracy (evaluation on the clock), "
                  "k real: samples to target measured (95% over seeds)"),
+                (Line2D([], [], color=grey, marker="^", ls=""), "the same, training only (measured)"),
                 (Line2D([], [], color=grey, marker="s", mfc="white", ls=""), "the same, k emulated (DDP's "
                  "semantics on fewer devices)"),
                 ((Line2D([], [], color=grey, ls="--"), Patch(color=grey, alpha=0.15)),
@@ -114,7 +116,7 @@ def answer(data: ReportData):
     ax, used, ks = axes[0, 0], [], set()
     recs = {id(m): r for m, r in numbers(data)}
     for m in data.machines:
-        rows, color = speedups(data, m), kit.color_of(data, m)
+        rows, color = opening(data, m)["rows"], kit.color_of(data, m)
         rec = recs.get(id(m))
         drew = _throughput(ax, rows, color, forecast=rec is not None)
         if rec is not None and _tta(ax, rows, color):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from dpscale.analysis import stateff
+from dpscale.analysis.stateff import batch_model, model_choice
 from dpscale.report.chapters.tta import each_rule, numbers, weak_samples_per_s
 from dpscale.report.machines import ReportData
 from dpscale.report.figures import kit
@@ -37,9 +37,12 @@ def _fit_curve(ax, rule: dict, color: str, ls: str) -> bool:
     top = max(p["global_batch"] for p in rule["points"] if p["global_batch"])
     bs = [min(rule["measured_batches"]) / 1.25 * (top * 1.6 * 1.25 / min(rule["measured_batches"])) ** (i / 40)
           for i in range(41)]
-    pr = [stateff.predict(f, b) for b in bs]
+    pr = [batch_model.predict(f, b) for b in bs]
     ax.plot(bs, [p["mean"] / n for p in pr], ls=ls, color=color, lw=1.2, alpha=0.8)
     ax.fill_between(bs, [p["conf_lo"] / n for p in pr], [p["conf_hi"] / n for p in pr], color=color, alpha=0.12, lw=0)
+    power = ((rule.get("models") or {}).get("fits") or {}).get("power")
+    if power:
+        ax.plot(bs, [model_choice.predict(power, b)["mean"] / n for b in bs], ls=(0, (1, 1.5)), color=color, lw=1.0)
     return True
 
 
@@ -93,6 +96,7 @@ def _epoch_entries(rules) -> list[tuple]:
                    "evaluations at or above the target)"),
                   ((Line2D([], [], color=GREY, lw=1.2), Patch(color=GREY, alpha=0.12)),
                    "E(B) = E_min (1 + B / B_crit) fitted, 95% band of the mean"),
+                  (Line2D([], [], color=GREY, lw=1.0, ls=(0, (1, 1.5))), "E(B) = c B^alpha fitted (the power law)"),
                   (Line2D([], [], color=GREY, marker="o", mfc="white", ls=""), "hollow: emulated k")]
 
 

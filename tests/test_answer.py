@@ -1,0 +1,190 @@
+"""One speed-up per point: wherever the answer is printed (the report's first screen in
+report.md, the closing summary in summary.txt, README.md's numbers table), each (machine,
+k) has one samples/s growth and one time-to-accuracy speed-up (training only, and with
+the evaluation on the clock), both of the step the time-to-accuracy runs trained with:
+the growth is samples/s(k) / samples/s(1) of the goodput table (the rates time to
+accuracy divides by), and the speed-ups are that table's. A forecast at a measured k
+is labelled 'forecast' and comes after the measurement.
+
+The texts are parsed as a reader reads them, not from the records that made them."""
+from __future__ import annotations
+
+import csv
+import re
+
+import pytest
+
+from conftest import ROOT
+
+X = r"(\d+\.\d\d)x"
+BAND = r"(?: \[[\d.]+, [\d.]+\])?"
+
+
+@pytest.fixture(scope="module")
+def h200(tmp_path_factory) -> dict:
+    """reference/h200's report as scripts/report.py builds it (--references reference): a GPU
+    machine, where the step that trained (tuned) is not the resize cache's series (~15 s)."""
+    import json
+
+    from dpscale import report
+    out, ref = tmp_path_factory.mktemp("h200") / "report", ROOT / "reference" / "h200"
+    plan = json.loads((ref / "plan.json").read_text())
+    report.build(ref / "runs", ref / "fingerprint.json", out, targets=[str(ref / "runs" / t) for t in plan["targets"]],
+                 references=[ROOT / "reference"], book_path=ROOT / "reference/book_4090.yaml", name="h200",
+                 plan_info=plan)
+    return {"out": out, "md": (out / "report.md").read_text()}
+
+
+@pytest.fixture(params=["fixtures", "h200"])
+def reports(request, built, h200) -> dict:
+    return built if request.param == "fixtures" else h200
+
+
+def first_screen(md: str) -> str:
+    start = md.index("## Will k GPUs train sooner?")
+    return md[start:md.index("\n## ", start + 3)]
+
+
+def expected(out) -> dict:
+    """{(machine, k): (growth, training only, with evaluation)} of the goodput table's primary
+    LR rule (book), as the page prints them (2 decimals)."""
+    rows = [r for r in csv.DictReader(open(out / "tables" / "goodput.csv")) if r["lr_rule"] == "book"]
+    base = {r["machine"]: float(r["samples_per_s"]) for r in rows if r["k"] == "1" and r["samples_per_s"]}
+    got = {}
+    for r in rows:
+        if r["k"] == "1" or not r["samples_per_s"] or not r["speedup"]:
+            continue
+        got[(r["machine"], int(r["k"]))] = (f"{float(r['samples_per_s']) / base[r['machine']]:.2f}",
+                                            f"{float(r['speedup_training_only']):.2f}", f"{float(r['speedup']):.2f}")
+    return got
+
+
+def clauses(text: str, machine: str):
+    """(k, its measured part, its forecast part) of every 'k=K' clause in the lines that
+    name `machine` (the headline and the notes)."""
+    for line in text.splitlines():
+        line = line.lstrip("-* ").replace("**", "")
+        if not re.match(rf"{re.escape(machine)}[ ,:(]", line):
+            continue
+        for seg in re.split(r"(?=\bk=\d+\b)", line)[1:]:
+            k = int(re.match(r"k=(\d+)", seg).group(1))
+            cut = seg.find("forecast")
+            yield k, seg if cut < 0 else seg[:cut], "" if cut < 0 else seg[cut:]
+
+
+def measured_numbers(part: str) -> dict:
+    """The speed-ups a measured clause names, by kind, and any x-number it leaves unnamed."""
+    kinds = {"growth": re.findall(rf"samples/s {X}", part),
+             "train": re.findall(rf"{X}{BAND} training only", part),
+             "clock": re.findall(rf"{X}{BAND} with evaluation", part)}
+    named = sum(len(v) for v in kinds.values())
+    return {**kinds, "unnamed": len(re.findall(X, part)) - named}
+
+
+def test_the_first_screen_gives_one_growth_and_one_speedup_per_point(reports):
+    """report.md's first section: every clause about a measured (machine, k) names the
+    goodput table's growth and speed-ups and no other number; a forecast at that k is
+    labelled and comes after; the answer table's measured rows carry the same."""
+    want, screen = expected(reports["out"]), first_screen(reports["md"])
+    assert want, "the fixtures have a time to accuracy at k > 1"
+    for (machine, k), (growth, train, clock) in want.items():
+        seen = {"growth": set(), "train": set(), "clock": set()}
+        for kk, part, fc in clauses(screen, machine):
+            if kk != k:
+                continue
+            got = measured_numbers(part)
+            assert got["unnamed"] == 0, (machine, k, part)
+            for kind in seen:
+                seen[kind] |= set(got[kind])
+        assert seen == {"growth": {growth}, "train": {train}, "clock": {clock}}, (machine, k, seen)
+        rows = [r for r in table(screen) if r["machine"] == machine and r["k"] == str(k) and r["run"] != "predicted"]
+        assert [(r["throughput_x"], r["tta_train_x"], r["tta_x"]) for r in rows] == \
+            [(f"{growth}x", f"{train}x", f"{clock}x")]
+
+
+def table(screen: str) -> list[dict]:
+    lines = [x for x in screen.splitlines() if x.startswith("| machine |")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    body = screen[screen.index(lines[0]):].splitlines()[2:]
+    return [dict(zip(head, (c.strip() for c in x.strip("|").split("|")))) for x in body if x.startswith("|")]
+
+
+def test_a_forecast_at_a_measured_k_is_labelled_and_follows_the_measurement(reports):
+    screen = first_screen(reports["md"])
+    for (machine, k) in expected(reports["out"]):
+        numbered = [(part, fc) for kk, part, fc in clauses(screen, machine) if kk == k and re.search(X, part + fc)]
+        assert re.search(X, numbered[0][0]), (machine, k, "the first number said at this k is a forecast", numbered[0])
+    rows = table(screen)
+    for i, r in enumerate(rows):
+        if r["run"] == "predicted" and any(x["machine"] == r["machine"] and x["k"] == r["k"] and x["run"] !=
+                                           "predicted" for x in rows):
+            assert "measured row comes first" in r["note"]
+            assert i > max(j for j, x in enumerate(rows) if x["machine"] == r["machine"] and x["k"] == r["k"]
+                           and x["run"] != "predicted")
+
+
+def summary_rows(text: str, machine: str) -> dict[int, tuple]:
+    """{k: (growth, training only, with evaluation)} of a machine's block in summary.txt."""
+    block = text[text.index(f"\n{machine}:"):]
+    block = block[:block.find("\n\n", 1)]
+    out = {}
+    for line in block.splitlines():
+        m = re.match(rf"\s+(\d+)\s+{X}{BAND}(?: forecast)?\s+{X}{BAND}\s+{X}", line)
+        if m:
+            out[int(m.group(1))] = m.groups()[1:]
+    return out
+
+
+def test_the_summary_gives_one_growth_and_one_speedup_per_point(reports):
+    """summary.txt: each measured k's row has the goodput table's growth and speed-ups; a
+    clause about that k elsewhere in the block is labelled a forecast."""
+    text = (reports["out"] / "summary.txt").read_text()
+    want = expected(reports["out"])
+    for machine in {m for m, _k in want}:
+        rows = summary_rows(text, machine)
+        for (mm, k), numbers in want.items():
+            if mm == machine:
+                assert rows.get(k) == numbers, (machine, k, rows)
+        block = text[text.index(f"\n{machine}:"):]
+        for line in block[:block.find("\n\n", 1)].splitlines():
+            for seg in re.split(r"(?=\bk=\d+\b)", line)[1:]:
+                if re.findall(X, seg):
+                    assert "forecast" in seg.split(" training only")[0], seg
+
+
+README_COLUMNS = ("machine", "k", "samples/s", "training only", "with evaluation")
+
+
+def readme_table() -> list[dict] | None:
+    """README.md's table of today's numbers: the first whose header names every README_COLUMNS."""
+    text = (ROOT / "README.md").read_text()
+    for head in re.finditer(r"^\|(.+)\|\s*\n\|[-:| ]+\|\s*$", text, re.M):
+        cols = [c.strip() for c in head.group(1).split("|")]
+        if all(any(want in c.lower() for c in cols) for want in README_COLUMNS):
+            body = text[head.end():].lstrip("\n").split("\n\n")[0].splitlines()
+            return [dict(zip(cols, (c.strip() for c in x.strip().strip("|").split("|")))) for x in body
+                    if x.startswith("|")]
+    return None
+
+
+def test_the_readme_numbers_are_the_reports():
+    """README.md's table of today's numbers (the docs helper's: columns machine, k,
+    samples/s, training only, with evaluation): each h200 row's growth and speed-ups are
+    those of reference/h200's report, as `scripts/report.py ... --references reference`
+    builds it."""
+    rows = readme_table()
+    if rows is None:
+        pytest.skip("README.md carries no table with columns " + ", ".join(README_COLUMNS)
+                    + " (the docs helper owns the README; docs/ holds the numbers until it does)")
+    from dpscale import report
+    from dpscale.report.chapters.answer import opening
+    data = report.load(ROOT / "reference/h200/runs", ROOT / "reference/h200/fingerprint.json",
+                       references=[ROOT / "reference"], book_path=ROOT / "reference/book_4090.yaml", name="h200")
+    o = {r["k"]: r for r in opening(data, data.current)["rows"]}
+    col = (lambda row, want: next(v for c, v in row.items() if want in c.lower()))
+    for row in (r for r in rows if col(r, "machine").strip("`*") == "h200"):
+        k = int(col(row, "k"))
+        p = o[k]["point"]
+        assert re.search(X, col(row, "samples/s")).group(1) == f"{o[k]['throughput']['value']:.2f}", row
+        assert re.search(X, col(row, "training only")).group(1) == f"{p['speedup_train']:.2f}", row
+        assert re.search(X, col(row, "with evaluation")).group(1) == f"{p['speedup']:.2f}", row

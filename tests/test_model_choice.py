@@ -1,0 +1,134 @@
+"""dpscale.analysis.stateff.power_law and model_choice (pure, seeded, seconds): the power
+law recovered from synthetic seeds and checked against numpy's own fit; the weights
+going to the model that made the data; the forecast's probability carrying the choice of
+model (the law of total probability over the models' draws); the mixture's band holding
+both models where they part; the misfit hook on the forecast's and the holdout's path."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dpscale.analysis.stateff import batch_model, forecast, model_choice, power_law
+
+BATCHES = (256, 512, 1024, 2048)
+CV = 0.12
+
+
+def _points(rng, e_of, batches=BATCHES, seeds=5):
+    """Lognormal seeds (constant cv) about e_of(B), whose mean is e_of(B)."""
+    s = math.sqrt(math.log(1 + CV ** 2))
+    return {B: list(e_of(B) * np.exp(s * rng.standard_normal(seeds) - s * s / 2)) for B in batches}
+
+
+def line(B):
+    return 1.0e5 * (1 + B / 500)
+
+
+def power(B):
+    return 9.0e3 * B ** 0.55
+
+
+def test_the_power_law_is_numpys_fit_on_the_logs_and_its_alpha_interval_covers():
+    """Against numpy.polyfit on (log B, log E), an independent fit, to 1e-9; over 300
+    replicates the 95% interval of alpha covers the true 0.55 95% of the time (+-3.5
+    points), and the expected E at a new batch is the lognormal's mean."""
+    rng = np.random.default_rng(1)
+    pts = _points(rng, power)
+    f = power_law.fit_power_law(pts)
+    x = np.log([B for B, vs in pts.items() for _ in vs])
+    y = np.log([v for vs in pts.values() for v in vs])
+    slope, icpt = np.polyfit(x, y, 1)
+    assert f["coef"] == pytest.approx([icpt, slope], rel=1e-9)
+    s2 = np.sum((y - icpt - slope * x) ** 2) / (x.size - 2)
+    assert model_choice.predict(f, 4096)["mean"] == pytest.approx(math.exp(icpt + slope * math.log(4096) + s2 / 2))
+    hits = [(lambda a: a["ci_lo"] <= 0.55 <= a["ci_hi"])(power_law.fit_power_law(_points(rng, power))["alpha"])
+            for _ in range(300)]
+    assert abs(np.mean(hits) - 0.95) <= 0.035
+
+
+def _mean_weight(e_of, reps=40, seed=3) -> float:
+    rng = np.random.default_rng(seed)
+    return float(np.mean([model_choice.choose(_points(rng, e_of, batches=(128, 256, 512, 1024, 2048, 4096)))
+                          ["weights"]["line"] for _ in range(reps)]))
+
+
+def test_the_weights_go_to_the_model_that_made_the_data():
+    """Six batches, 5 seeds each: data from a line weigh the line more, data from a power
+    law the power law; and the weights are those of pseudo-BMA+ from the folds' densities."""
+    assert _mean_weight(line) > 0.6
+    assert _mean_weight(power) < 0.4
+    folds = [{"models": {"line": {"log_density": -10.0}, "power": {"log_density": -10.0}}}] * 3
+    assert model_choice.weights(folds)["weights"]["line"] == pytest.approx(0.5)
+    far = [{"models": {"line": {"log_density": -10.0}, "power": {"log_density": -30.0}}}] * 3
+    assert model_choice.weights(far)["weights"]["line"] > 0.999
+    assert model_choice.weights([])["weights"] == {"line": 0.5, "power": 0.5}
+
+
+def _set(rng):
+    pts = _points(rng, line)
+    s = model_choice.choose(pts)
+    return pts, {**s, "weights": {"line": 0.6, "power": 0.4}}
+
+
+THR = {k: {"value": 4000.0 * k * (1 - 0.02 * k), "source": "given"} for k in (1, 2, 4, 8, 16, 32)}
+
+
+def test_p_fastest_carries_the_probability_over_the_models():
+    """p_fastest over the mixture = sum over the models of weight x p_fastest under that
+    model alone (the law of total probability), within Monte Carlo error; each model's
+    share is reported beside, and alone each model gives its own."""
+    _pts, s = _set(np.random.default_rng(4))
+    mix = forecast.tta_forecast(s, THR, 256, THR, eval_s_per_sample=2e-5, draws=40000, seed=5)
+    alone = {n: forecast.tta_forecast(s["fits"][n], THR, 256, THR, eval_s_per_sample=2e-5, draws=40000, seed=6)
+             for n in ("line", "power")}
+    for r in mix["rows"]:
+        want = sum(s["weights"][n] * next(a for a in alone[n]["rows"] if a["k"] == r["k"])["p_fastest"]
+                   for n in alone)
+        assert r["p_fastest"] == pytest.approx(want, abs=0.015), r["k"]
+        for n in alone:
+            one = next(a for a in alone[n]["rows"] if a["k"] == r["k"])["p_fastest"]
+            assert r["p_fastest_by_model"][n] == pytest.approx(one, abs=0.02)
+    assert mix["models"] == {"the line": 0.6, "the power law": 0.4}
+
+
+def test_the_mixture_band_holds_both_models_where_they_part():
+    """At k=32 (8192 samples a step, 4x past the largest fitted batch) the line and the
+    power law part; the mixture's samples band holds both models' expected values, and
+    its point is their weighted mean."""
+    _pts, s = _set(np.random.default_rng(7))
+    row = next(r for r in forecast.tta_forecast(s, THR, 256, THR, draws=20000)["rows"] if r["k"] == 32)
+    by = row["samples_by_model"]
+    assert abs(by["line"] / by["power"] - 1) > 0.2
+    assert row["samples_lo"] < min(by.values()) and max(by.values()) < row["samples_hi"]
+    assert row["samples"] == pytest.approx(0.6 * by["line"] + 0.4 * by["power"])
+
+
+def test_the_misfit_hook_widens_the_forecast_and_the_holdout(monkeypatch):
+    """model_choice.misfit_band is on both paths: a misfit that doubles every draw's
+    distance from the median widens the forecast's samples band and the holdout's band."""
+    pts, s = _set(np.random.default_rng(8))
+    base_f = next(r for r in forecast.tta_forecast(s, THR, 256, THR, draws=4000)["rows"] if r["k"] == 8)
+    base_h = model_choice.holdout(pts, 2048, [256, 512, 1024], draws=4000)["combined"]
+    monkeypatch.setattr(model_choice, "misfit_band", lambda d, batch, fit_batches, rng: np.median(d) + 2 * (
+        d - np.median(d)))
+    wide_f = next(r for r in forecast.tta_forecast(s, THR, 256, THR, draws=4000)["rows"] if r["k"] == 8)
+    wide_h = model_choice.holdout(pts, 2048, [256, 512, 1024], draws=4000)["combined"]
+    assert wide_f["samples_hi"] - wide_f["samples_lo"] > 1.8 * (base_f["samples_hi"] - base_f["samples_lo"])
+    assert wide_h["pred_hi"] - wide_h["pred_lo"] > 1.8 * (base_h["pred_hi"] - base_h["pred_lo"])
+
+
+def test_a_holdout_weighs_only_the_batches_it_was_fitted_to():
+    """Predicting the largest batch from the three below it, the weights come from those
+    three's own folds (the largest one never scores a model that predicts it); from two
+    batches no fold exists and the weights are equal."""
+    rng = np.random.default_rng(9)
+    pts = _points(rng, line)
+    h = model_choice.holdout(pts, 2048, [256, 512, 1024])
+    assert h["weights"] == model_choice.choose({B: pts[B] for B in (256, 512, 1024)})["weights"]
+    pts2 = {**pts, 2048: [v * 3 for v in pts[2048]]}   # the held-out batch moved: the weights must not
+    assert model_choice.holdout(pts2, 2048, [256, 512, 1024])["weights"] == h["weights"]
+    assert model_choice.holdout(pts, 1024, [256, 512])["weights"] == {"line": 0.5, "power": 0.5}
+    assert h["models"]["line"]["mean"] == pytest.approx(
+        batch_model.predict(batch_model.fit_batch_model({B: pts[B] for B in (256, 512, 1024)}), 2048)["mean"])
