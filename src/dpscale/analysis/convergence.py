@@ -9,7 +9,11 @@ Two formats:
   {"Benchmark": name, "BS": global batch, "Hyperparams": {...}, "Epochs to converge":
   [one value per seed]} ("samples to converge" for the benchmarks MLPerf counts in samples).
 - CSV with a header `batch,seed,samples` or `batch,seed,epochs` (one row per seed); an
-  empty value, `inf` or `nan` says the seed did not reach the target (censored).
+  empty value, `inf` or `nan` says the seed did not reach the target (censored). Lines
+  starting '#' are comments, but for two fields: `# benchmark: NAME` (which tables are one
+  family: convergence_check) and `# note: TEXT` (kept with the table, printed with it).
+  to_csv writes a Table in this form, so a table read from MLPerf's JSON can be kept as
+  a CSV that reads back to the same Table (the project keeps its public tables so).
 
 Epochs and samples differ by a constant factor (the epoch's samples) at every batch, so
 E(B)'s shape, relative errors and coverage are the same in either unit; a table in epochs
@@ -22,6 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +43,10 @@ RCP_STEPS = {("training_3.1.0", "sd")}
 RCP_SAMPLES = {"llama2_70b_lora", "flux1", "llama31_405b", "llama31_8b", "gpt_oss_20b", "deepseekv3_671b",
                "qwen35_397b_grpo"}
 CSV_UNITS = ("samples", "epochs")
+CSV_FIELDS = ("benchmark", "note")
+# MLPerf's folder names (training_4.0.0, hpc_3.0.0): a table kept under one is named
+# `<folder>/<file>`, since every version has a file of the same name.
+RULESET = re.compile(r"[a-z]+_\d+(\.\d+)+")
 NOT_REACHED = ("", "inf", "+inf", "nan", "none")
 
 
@@ -166,7 +175,17 @@ def read_rcp(path: str | Path, samples_per_epoch: float | None = None, name: str
 
 def _default_name(path: Path) -> str:
     """`<ruleset>_<version>/<file>` for a file kept under MLPerf's folder names, else the file name."""
-    return f"{path.parent.name}/{path.name}" if "_" in path.parent.name else path.name
+    return f"{path.parent.name}/{path.name}" if RULESET.fullmatch(path.parent.name) else path.name
+
+
+def _csv_fields(text: str) -> dict[str, list[str]]:
+    """The `# benchmark: ...` and `# note: ...` lines of a CSV (other comments are ignored)."""
+    out: dict[str, list[str]] = {k: [] for k in CSV_FIELDS}
+    for line in text.splitlines():
+        m = re.fullmatch(r"\s*#\s*(\w+):\s*(.*?)\s*", line)
+        if m and m[1] in out:
+            out[m[1]].append(m[2])
+    return out
 
 
 def _csv_rows(path: Path, text: str):
@@ -181,7 +200,8 @@ def _csv_rows(path: Path, text: str):
 
 def read_csv(path: str | Path, samples_per_epoch: float | None = None, name: str | None = None,
              benchmark: str | None = None) -> Table:
-    """A CSV of `batch,seed,samples` (or `epochs`) rows as a Table; lines starting '#' are comments."""
+    """A CSV of `batch,seed,samples` (or `epochs`) rows as a Table; lines starting '#' are
+    comments, `# benchmark:` and `# note:` fields (the module's docstring)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -198,8 +218,38 @@ def read_csv(path: str | Path, samples_per_epoch: float | None = None, name: str
         per_batch.setdefault(b, []).append(_value(path, f"line {i} {unit}", row[unit]))
     if not per_batch:
         _fail(path, "rows", "none", "give one row per seed and global batch")
+    fields = _csv_fields(text)
+    if len(fields["benchmark"]) > 1:
+        _fail(path, "# benchmark", f"given {len(fields['benchmark'])} times", "give one benchmark per file")
     per_batch, unit, notes = _scaled({b: tuple(v) for b, v in per_batch.items()}, unit, samples_per_epoch, path)
-    return Table(name or path.name, benchmark or path.stem, unit, per_batch, str(path), "csv", notes)
+    return Table(name or _default_name(path), benchmark or next(iter(fields["benchmark"]), path.stem), unit,
+                 per_batch, str(path), "csv", tuple(fields["note"]) + notes)
+
+
+def _csv_value(v: float | None) -> str:
+    # repr is the shortest text that reads back to the same float; a whole number is
+    # written as one (MLPerf's epochs and samples mostly are)
+    return "" if v is None else str(int(v)) if v.is_integer() else repr(v)
+
+
+def to_csv(t: Table) -> str:
+    """t as the CSV read_csv reads back to the same Table (benchmark, unit, per-seed values,
+    notes): one row per seed, numbered from 0 in the order given, batches ascending."""
+    for text in (t.benchmark, *t.notes):
+        if "\n" in text or "\r" in text:
+            raise ConvergenceInputError(f"{t.name}: note or benchmark {text!r} has a line break; give one line")
+    head = [f"# {t.name} ({t.fmt}), transcribed by dpscale.analysis.convergence.to_csv",
+            f"# benchmark: {t.benchmark}", *(f"# note: {n}" for n in t.notes), f"batch,seed,{t.unit}"]
+    rows = [f"{b},{i},{_csv_value(v)}" for b in t.batches for i, v in enumerate(t.per_batch[b])]
+    return "\n".join(head + rows) + "\n"
+
+
+def write_csv(t: Table, folder: str | Path) -> Path:
+    """to_csv(t) written to folder/<t.name with .csv> (MLPerf's ruleset folder kept); the path."""
+    out = Path(folder) / Path(t.name).with_suffix(".csv")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(to_csv(t))
+    return out
 
 
 def read(path: str | Path, samples_per_epoch: float | None = None) -> Table:

@@ -14,9 +14,10 @@ naive "previous batch" and "linear from the last two". Errors are (predicted - m
 / measured in %. The pooled summary counts one table per family (tables sharing a
 benchmark or an entry are one family). Method: docs/public-convergence.md.
 
-  dpscale convergence shared/public/rcp/*/*.json
-  dpscale convergence my_table.csv --pool shared/public/rcp      (misfit borrowed from the public tables)
-  dpscale convergence shared/public/rcp/*/*.json --json > check.json"""
+  dpscale convergence reference/public/convergence
+  dpscale convergence my_table.csv --pool reference/public/convergence   (misfit borrowed from the public tables)
+  dpscale convergence reference/public/convergence --json > check.json
+  dpscale convergence rcps_resnet.json --to-csv DIR     (MLPerf's RCP JSON kept as the CSV it reads back from)"""
 NAMES = {"model": "E(B) model", "previous": "previous batch", "linear": "linear from the last two"}
 
 
@@ -36,6 +37,9 @@ def add_parser(sub) -> None:
     form.add_argument("--json", action="store_true", help="print the check as JSON instead of text")
     form.add_argument("--markdown", action="store_true",
                       help="print the tables as Markdown (docs/public-convergence.md holds this output)")
+    form.add_argument("--to-csv", type=Path, default=None, metavar="DIR",
+                      help="check nothing: write each FILE, as read, to DIR/<its name>.csv (batch,seed,samples "
+                           "or epochs, with its benchmark and notes), which reads back to the same table")
 
 
 def _files(paths: list[Path]) -> list[Path]:
@@ -52,11 +56,25 @@ def run(a) -> int:
         pool = None if a.pool is None else [cv.read(f, a.samples_per_epoch) for f in _files(a.pool)]
     except cv.ConvergenceInputError as e:
         raise SystemExit(f"dpscale convergence: {e}") from None
+    if a.to_csv is not None:
+        return _to_csv(tables, a.to_csv)
     if not 0 < a.level < 1:
         raise SystemExit(f"dpscale convergence: --level {a.level} is not between 0 and 1; give e.g. 0.95")
     result = cc.check(tables, pool, level=a.level)
     sys.stdout.write(json.dumps(result, indent=1) + "\n" if a.json else markdown(result) if a.markdown
                      else text(result))
+    return 0
+
+
+def _to_csv(tables: list, folder: Path) -> int:
+    from dpscale.analysis import convergence as cv
+    names = [t.name for t in tables]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise SystemExit(f"dpscale convergence: --to-csv: tables {twice} would be written to one file; "
+                         "convert them one at a time")
+    for t in tables:
+        print(cv.write_csv(t, folder))
     return 0
 
 
