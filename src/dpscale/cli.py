@@ -6,6 +6,8 @@
                               validation against every measured k, from kept results
     dpscale compare A B       machine B against machine A (kept folders), ratios with intervals
     dpscale export [DIR ...]  the tidy results table (results.csv) of kept machines
+    dpscale convergence FILE ...  the E(B) model checked out of sample on published
+                              convergence tables (MLPerf RCP JSON, or CSV)
 
 `keep` copies what a later report needs to set this machine beside another (the
 layout: dpscale.layout): the results, the fingerprint, the model's FLOPs, the data's
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from dpscale import layout, registry
 from dpscale.results import portable
-from dpscale.report import book as bookmod
+from dpscale.report import book as bookmod, convergence as convergence_cmd
 
 NAME_OK = "letters, digits, '-', '_' and '.'"
 ROOT = Path(__file__).resolve().parents[2]
@@ -248,6 +250,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--digest", action="store_true",
                    help="also print each experiment's digest: the modules whose change reruns it")
     add_forecast_parser(sub)
+    convergence_cmd.add_parser(sub)
     c = sub.add_parser("compare", help="print B/A for every point both kept machines measured, with 95%% intervals",
                        description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("a", type=Path, help="machine A, the denominator: a kept folder, e.g. reference/h200")
@@ -279,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.command == "forecast":
         return forecast(a)
+    if a.command == "convergence":
+        return convergence_cmd.run(a)
     if a.command == "compare":
         from dpscale.report import compare   # pandas and scipy: only now
         print(compare.compare(a.a, a.b))
