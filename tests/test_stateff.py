@@ -431,3 +431,26 @@ def test_the_forecast_band_is_the_fits_band_times_the_clock_per_sample():
         q = sps.t.ppf(0.975, df)
         assert r["time_s"] == pytest.approx(mean * c, rel=1e-6)
         assert (r["time_s_lo"], r["time_s_hi"]) == pytest.approx(((mean - q * se) * c, (mean + q * se) * c), rel=0.01)
+
+
+def test_the_forecasts_band_carries_the_between_batch_misfit_with_its_source():
+    """The project's E(B) band (the holdout's mixture and the forecast's rows) is widened by
+    the misfit estimated out of sample (dpscale.analysis.batch_misfit): with four batches a
+    fit has too few "predict the next" errors of its own, so it borrows a pool and says so.
+    A pool of 10% relative errors widens the band; without any, the band is the fit's."""
+    rng = np.random.default_rng(3)
+    pts = {b: list(1e5 * (1 + b / 400) * (1 + 0.03 * rng.standard_normal(5))) for b in (256, 512, 1024, 2048)}
+    pool = [{"table": f"t{i}", "batch": 1000 + i, "fit_batches": [1, 2], "relative": r, "noise_var": 0.0,
+             "leverage": 0.0} for i, r in enumerate(0.1 * rng.standard_normal(40))]
+    bare = model_choice.holdout(pts, 2048, [256, 512, 1024], seed=1)
+    wide = model_choice.holdout(pts, 2048, [256, 512, 1024], seed=1, pool=pool)
+    assert wide["misfit"]["source"] == "pooled" and wide["misfit"]["own"] == 1 and 0.05 < wide["misfit"]["rel_sd"] < 0.2
+    w0 = bare["combined"]["pred_hi"] - bare["combined"]["pred_lo"]
+    w1 = wide["combined"]["pred_hi"] - wide["combined"]["pred_lo"]
+    assert w1 > 1.5 * w0, (w0, w1)
+    s = model_choice.choose(pts, pool=pool)
+    rows = forecast.tta_forecast(s, [1, 2, 4, 8, 32], 256, {k: {"value": 1000.0 * k, "lo": 900.0 * k,
+                                                             "hi": 1100.0 * k} for k in (1, 2, 4, 8, 32)})["rows"]
+    assert all(r["misfit_source"] == "pooled" and r["misfit_rel_sd"] > 0.05 for r in rows)
+    far, near = rows[-1], rows[1]   # k=32 extrapolates far beyond the fit: more of the misfit reaches it
+    assert (far["samples_hi"] - far["samples_lo"]) / far["samples"] > (near["samples_hi"] - near["samples_lo"]) / near["samples"]

@@ -41,9 +41,9 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from dpscale.analysis import stateff
+from dpscale.analysis.stateff import batch_model, common
 
-LEVEL = stateff.LEVEL
+LEVEL = common.LEVEL
 MIN_OWN = 3
 WHAT = ("between-batch misfit of E(B) = a + b B: the relative error of predicting each batch from the "
         "smaller ones, beyond the seeds' spread and the fit's uncertainty")
@@ -84,7 +84,7 @@ def residual(points: dict, batch, weighting: str = "cv", level: float = LEVEL, t
     if len(below) < 2:
         return None
     try:
-        h = stateff.holdout(points, batch, fit_batches=below, weighting=weighting, level=level)
+        h = batch_model.holdout(points, batch, fit_batches=below, weighting=weighting, level=level)
     except ValueError:
         return None
     if h["measured_mean"] is None:
@@ -153,8 +153,8 @@ def widened(points: dict, batch: float, n_seeds: int = 1, level: float = LEVEL, 
     {"rel_sd" (tau), "k", "source" ("own" | "pooled" | "none"), "residuals" (table, batch,
     fit_batches of each residual used)}, "level", "covers"}. With no residual at all the
     band is stateff's and misfit.source says "none"."""
-    fit = stateff.fit_batch_model(points, weighting=weighting, level=level)
-    pr = stateff.predict(fit, batch, n_seeds=n_seeds, level=level)
+    fit = batch_model.fit_batch_model(points, weighting=weighting, level=level)
+    pr = batch_model.predict(fit, batch, n_seeds=n_seeds, level=level)
     used, source = _chosen(next_residuals(points, weighting, level, table), pool, min_own)
     tau2 = misfit_variance(used)
     sp2 = ((pr["pred_hi"] - pr["mean"]) / _t(level, fit["df"])) ** 2
@@ -167,4 +167,4 @@ def widened(points: dict, batch: float, n_seeds: int = 1, level: float = LEVEL, 
             "misfit": {"rel_sd": None if tau2 is None else math.sqrt(tau2), "leverage": lev, "k": len(used),
                        "source": "none" if tau2 is None else source,
                        "residuals": [{k: r[k] for k in ("table", "batch", "fit_batches")} for r in used]},
-            "covers": f"{stateff.SEEDS}, the fit's uncertainty and the {WHAT}"}
+            "covers": f"{common.SEEDS}, the fit's uncertainty and the {WHAT}"}

@@ -21,9 +21,10 @@ per-seed times), samples/s taken at its value (its own interval is shown beside)
 """
 from __future__ import annotations
 
+import functools
 import math
 
-from dpscale import registry
+from dpscale import provenance, registry
 from dpscale.analysis import stats
 from dpscale.analysis.stateff import batch_model, common, crossings, forecast as tta_forecast, model_choice, over_seeds
 from dpscale.report import tta_noise, tta_pool
@@ -435,6 +436,20 @@ def batch_points(points: list[dict]) -> dict:
     return {p["global_batch"]: _per_seed(p) for p in points if p["global_batch"] and p["seeds"]}
 
 
+# MLPerf's published convergence tables, as the project keeps them (docs/public-convergence.md)
+PUBLIC_CONVERGENCE = provenance.ROOT / "reference" / "public" / "convergence"
+
+
+@functools.cache
+def public_pool() -> tuple:
+    """The public tables' "predict the next" residuals, one table per benchmark family:
+    what this machine's E(B) misfit borrows where its own batches give too few
+    (model_choice.misfit; the same fixed pool for every machine)."""
+    from dpscale.analysis import convergence, convergence_check
+    tables = [convergence.read(p) for p in sorted(PUBLIC_CONVERGENCE.glob("*/*.csv"))]
+    return tuple(convergence_check.public_pool(tables)) if tables else ()
+
+
 def fit(points: list[dict]) -> tuple[dict | None, dict | None, str]:
     """The models of samples to target over the scored points (at most one seed short of
     the target, as MLPerf scores them): the line (batch_model.fit_batch_model) and the set
@@ -445,7 +460,7 @@ def fit(points: list[dict]) -> tuple[dict | None, dict | None, str]:
         line = batch_model.fit_batch_model(batch_points(scored), sources=sources)
     except ValueError as e:
         return None, None, str(e).removeprefix("fit_batch_model: ")
-    return line, model_choice.choose(batch_points(scored), sources=sources), ""
+    return line, model_choice.choose(batch_points(scored), sources=sources, pool=public_pool()), ""
 
 
 def budget(points: list[dict]) -> float | None:
@@ -476,7 +491,7 @@ def holdout_rows(points: list[dict]) -> list[dict]:
             fb = [q["global_batch"] for q in fit_from]
             try:
                 h = batch_model.holdout(allp, p["global_batch"], fit_batches=fb, budget=budget(points))
-                mc = model_choice.holdout(allp, p["global_batch"], fb)
+                mc = model_choice.holdout(allp, p["global_batch"], fb, pool=public_pool())
             except ValueError as e:
                 rows.append({"k": p["k"], "check": kind, "from_ks": list(key[1]), "note": str(e)})
                 continue
@@ -497,7 +512,9 @@ def _holdout_fields(h: dict, mc: dict, n_img: int | None) -> dict:
            "weights": mc["weights"], "weights_method": mc["method"],
            "measured_is_lower_bound": h["measured_is_lower_bound"],
            "p_seed_over_budget": h["p_seed_over_budget"], "p_censored_as_seen": h["p_censored_as_seen"],
-           "b_crit": h["fit"]["B_crit"]["value"], "note": ""}
+           "b_crit": h["fit"]["B_crit"]["value"], "note": "",
+           "misfit_rel_sd": (mc.get("misfit") or {}).get("rel_sd"),
+           "misfit_from": (mc.get("misfit") or {}).get("source")}
     for name, r in mc["models"].items():
         out.update({f"{name}_epochs": ep(r["mean"]), f"{name}_band_lo": ep(r["pred_lo"]),
                     f"{name}_band_hi": ep(r["pred_hi"]), f"{name}_relative_error": r["relative_error"],

@@ -66,8 +66,9 @@ def tta_forecast(models: dict, ks: Iterable[int], per_rank_batch: int, throughpu
     expected, which = model_choice.draw_expected(s, batches, rng, draws)
     rows, times = [], {}
     for i, k in enumerate(ks):
-        e_d = model_choice.misfit_band(expected[:, i], batches[i], s["fit_batches"], rng)
+        e_d, mf = model_choice.misfit_band(expected[:, i], batches[i], s, rng)
         row = _untimed_row(k, batches[i], s, e_d, level)
+        row.update(misfit_rel_sd=mf and mf["rel_sd"], misfit_source=mf and mf["source"])
         spec = throughput.get(k)
         if spec and spec.get("value", spec.get("draws")) is not None:
             timing, times[k] = _time_to_target(k, row["samples"], e_d, spec, eval_s_per_sample, level, rng)
@@ -77,7 +78,8 @@ def tta_forecast(models: dict, ks: Iterable[int], per_rank_batch: int, throughpu
     return {"rows": rows, "fastest_k": _best_k(rows, "time_s"), "cheapest_k": _best_k(rows, "gpu_hours"),
             "models": {model_choice.NAMES[n]: w for n, w in s["weights"].items()}, "model_method": s["method"],
             "level": level, "draws": draws,
-            "covers": f"{SEEDS} (samples to target) and the choice of model; the throughput band as given",
+            "covers": f"{SEEDS} (samples to target), the choice of model and the between-batch misfit; the "
+                      "throughput band as given",
             "method": "Monte Carlo: a model per draw by its weight, its coefficients from its fit, and samples/s(k), "
                       "drawn independently; percentile bands"}
 

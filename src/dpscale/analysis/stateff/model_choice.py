@@ -10,7 +10,8 @@ choice of model in its band, not only one model's fit.
     draw_expected(set, batches, rng, n)  Monte Carlo draws of the expected samples to target
                                   over the mixture: a model per draw by its weight, then
                                   its parameters from their multivariate t
-    misfit_band(draws, B, fit_batches, rng)  where the between-batch misfit widens a band
+    misfit_band(draws, B, set, rng)  the between-batch misfit (batch_misfit: own or public
+                                  residuals) widening a band
 
 Weights: pseudo-BMA+ (Yao, Vehtari, Simpson and Gelman 2018, "Using stacking to average
 Bayesian predictive distributions", Bayesian Analysis 13(3), section 3.2): each model's
@@ -109,11 +110,14 @@ def weights(folds: list[dict], draws: int = BOOTSTRAP, seed: int = 0) -> dict:
 
 
 def choose(points: dict, fit_batches: Iterable[float] | None = None, level: float = LEVEL,
-           sources: dict | None = None) -> dict:
+           sources: dict | None = None, pool=()) -> dict:
     """Both models fitted to the batches in fit_batches (default: all), weighted by their
-    leave-one-batch-out scores over those same batches only. Returns {"fits": {name: fit},
-    "weights", "elpd", "folds", "method", "lobo" (the folds), "fit_batches"}; ValueError
-    when no model can be fitted."""
+    leave-one-batch-out scores over those same batches only. pool: "predict the next"
+    residuals from elsewhere (public convergence tables: dpscale.analysis.batch_misfit),
+    which misfit_band borrows where these batches give too few of their own. Returns
+    {"fits": {name: fit}, "weights", "elpd", "folds", "method", "lobo" (the folds),
+    "fit_batches", "points" (the fitted batches' seeds), "pool"}; ValueError when no model
+    can be fitted."""
     fb = sorted(points) if fit_batches is None else sorted(fit_batches)
     pts = {B: points[B] for B in fb}
     fits = _fits(pts, level, sources)
@@ -124,7 +128,7 @@ def choose(points: dict, fit_batches: Iterable[float] | None = None, level: floa
     ws = {n: w["weights"][n] for n in fits}
     total = sum(ws.values())
     return {"fits": fits, "weights": {n: v / total for n, v in ws.items()}, "elpd": w["elpd"], "folds": w["folds"],
-            "method": w["method"], "lobo": folds, "fit_batches": fb}
+            "method": w["method"], "lobo": folds, "fit_batches": fb, "points": pts, "pool": tuple(pool)}
 
 
 def as_set(models: dict) -> dict:
@@ -134,7 +138,7 @@ def as_set(models: dict) -> dict:
         return models
     name = models.get("model", "line")
     return {"fits": {name: models}, "weights": {name: 1.0}, "elpd": None, "folds": 0, "method": "one model",
-            "lobo": [], "fit_batches": list(models.get("batches", []))}
+            "lobo": [], "fit_batches": list(models.get("batches", [])), "points": None, "pool": ()}
 
 
 def _expected(fit: dict, params, batches):
@@ -162,25 +166,42 @@ def draw_expected(models: dict, batches, rng, n: int):
     return out, np.array(names)[pick]
 
 
-def misfit_band(draws, batch: float, fit_batches, rng):
-    """Where the between-batch misfit widens a band of samples to target at `batch`.
+def misfit(s: dict, batch: float) -> dict | None:
+    """The between-batch misfit at `batch` of a choose() record (batch_misfit, issue #44):
+    tau, the relative sd by which a batch's mean sits off the model, estimated from the
+    "predict the next" errors among the fitted batches (their own when they give
+    batch_misfit.MIN_OWN, else with s["pool"], public tables', beside them), and the
+    leverage h by which misfit at the fitted batches reaches `batch` through the fit.
+    None where nothing can be estimated (no points, no residual)."""
+    from dpscale.analysis import batch_misfit
+    pts = s.get("points")
+    if not pts or "line" not in s["fits"]:
+        return None
+    own = batch_misfit.next_residuals(pts)
+    used, source = batch_misfit._chosen(own, s.get("pool") or (), batch_misfit.MIN_OWN)
+    tau2 = batch_misfit.misfit_variance(used)
+    if tau2 is None:
+        return None
+    h = batch_misfit.leverage(pts, s["fits"]["line"]["coef"], batch)
+    return {"rel_sd": math.sqrt(tau2), "leverage": h, "k": len(used), "own": len(own), "source": source}
 
-    draws: Monte Carlo draws (a numpy array) of the samples to target at `batch` (the
-    expected value in the forecast; the mean of n new seeds in holdout()), already
-    carrying the models, their fits and the seeds; fit_batches: the batches the models
-    were fitted to (how far `batch` lies beyond them is what a misfit grows with); rng:
-    the numpy Generator of the caller's draws. Returns the draws, widened: each draw
-    multiplied by exp(e), e drawn from the misfit's distribution at that extrapolation.
 
-    Today the identity: the misfit of this machine's own batches cannot be told apart
-    from the seeds' spread with four batches (every leave-one-batch-out fold falls
-    inside its band), and the estimate from public convergence tables (issue #44,
-    the public helper's) plugs in here, one function for the holdout and the forecast."""
-    return draws
+def misfit_band(draws, batch: float, s: dict, rng):
+    """Draws of the samples to target at `batch` (the expected value in the forecast; the
+    mean of n new seeds in holdout()), already carrying the models, their fits and the
+    seeds, widened by the between-batch misfit (misfit()): each draw times (1 + e), e =
+    tau sqrt(1 + h) x Student's t with as many df as residuals estimated tau (a relative
+    error of the mean, as batch_misfit's band has it; a draw kept above 5% of itself, a
+    sample count being positive). Returns (draws, the misfit record or None: unchanged)."""
+    m = misfit(s, batch)
+    if m is None or m["rel_sd"] == 0:
+        return draws, m
+    e = m["rel_sd"] * math.sqrt(1.0 + m["leverage"]) * rng.standard_t(m["k"], size=len(draws))
+    return draws * (1.0 + e).clip(min=0.05), m
 
 
 def holdout(points: dict, predict_batch: float, fit_batches: Iterable[float], level: float = LEVEL,
-            draws: int = 20000, seed: int = 0) -> dict:
+            draws: int = 20000, seed: int = 0, pool=()) -> dict:
     """Each model, and their mixture, predicting the mean of the seeds that converged at
     predict_batch from fit_batches alone (the weights from those batches' own folds).
 
@@ -189,7 +210,7 @@ def holdout(points: dict, predict_batch: float, fit_batches: Iterable[float], le
     level percentiles of draws of the mean of n seeds, through misfit_band), "measured_mean",
     "measured_n"}."""
     import numpy as np
-    s = choose(points, fit_batches, level)
+    s = choose(points, fit_batches, level, pool=pool)
     conv = [float(v) for v in points.get(predict_batch, []) if reached(v)]
     n = max(len(conv), 1)
     y = sum(conv) / len(conv) if conv else None
@@ -199,7 +220,7 @@ def holdout(points: dict, predict_batch: float, fit_batches: Iterable[float], le
         out["models"][name] = _scored(p["mean"], p["pred_lo"], p["pred_hi"], y)
     rng = np.random.default_rng(seed)
     d = _draw_seed_means(s, predict_batch, n, rng, draws)
-    d = misfit_band(d, predict_batch, s["fit_batches"], rng)
+    d, out["misfit"] = misfit_band(d, predict_batch, s, rng)
     lo, hi = percentiles(d, level)
     mean = sum(s["weights"][m] * out["models"][m]["mean"] for m in s["fits"])
     out["combined"] = _scored(mean, lo, hi, y)
