@@ -295,8 +295,8 @@ NOISE_INTERVAL_COLUMNS = ["machine", "lr_rule", "k", "global_batch", "from_epoch
 HOLDOUT_COLUMNS = ["machine", "lr_rule", "k", "run", "global_batch", "check", "predicted_from", "measured_epochs",
                    "seeds_measured", "line_epochs", "line_error", "line_band", "line_inside", "power_epochs",
                    "power_error", "power_band", "power_inside", "weight_line", "combined_epochs", "combined_error",
-                   "combined_band", "combined_inside", "seeds_censored", "p_seed_over_budget", "p_censored_as_seen",
-                   "b_crit_of_fit", "note"]
+                   "combined_band", "combined_inside", "misfit_rel_sd", "misfit_from", "seeds_censored",
+                   "p_seed_over_budget", "p_censored_as_seen", "b_crit_of_fit", "note"]
 
 
 def noise_rows(data: ReportData) -> list[dict]:
@@ -341,6 +341,7 @@ def holdout_rows(data: ReportData) -> list[dict]:
                          g("power_inside_band"), "weight_line": pc((g("weights") or {}).get("line"), 0),
                          "combined_epochs": ep(g("predicted_epochs")), "combined_error": pc(g("relative_error")),
                          "combined_band": two(g("band_lo"), g("band_hi")), "combined_inside": g("inside_band"),
+                         "misfit_rel_sd": pc(g("misfit_rel_sd")), "misfit_from": g("misfit_from") or "",
                          "seeds_censored": g("censored_n"), "p_seed_over_budget": g("p_seed_over_budget"),
                          "p_censored_as_seen": g("p_censored_as_seen"), "b_crit_of_fit": g("b_crit"),
                          "note": holdout_note(h, rule)})
@@ -535,7 +536,8 @@ def tables(data: ReportData) -> list:
         t("tta_holdout", "The models checked out of sample, every row: each k predicted from the smaller k only "
           "(forward) and from every other k (leave one out: the folds that weigh the models), by the line, the power "
           "law and their mixture (weights from the fitted k's own folds), against the mean of the seeds measured "
-          "there; bands: 95% for the mean of that many seeds", holdout_rows(data), HOLDOUT_COLUMNS),
+          "there; bands: 95% for the mean of that many seeds, the mixture's with the between-batch misfit "
+          "(its relative sd, from the fit's own errors or the public tables' pool)", holdout_rows(data), HOLDOUT_COLUMNS),
         t("tta_forecast", "Time-to-accuracy forecast: predicted samples to target at k x the per-rank batch over "
           "samples/s(k) (measured, or the throughput forecast), with a joint band", forecast_rows(data),
           FORECAST_COLUMNS, note=FORECAST_NOTE),
