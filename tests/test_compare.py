@@ -118,3 +118,16 @@ def test_keep_builds_its_report_in_place_and_a_failed_build_keeps_the_old_machin
         cli.keep("x2", work, to, force=True)
     assert sorted(p.relative_to(kept) for p in kept.rglob("*")) == before
     assert [p.name for p in to.iterdir()] == ["x2"]   # nothing left aside
+
+
+def test_keep_force_keeps_the_machines_earlier_measurements(tmp_path):
+    """A re-measurement kept over a machine (keep --force) carries its earlier/ over: the
+    report pools independent measurements of one protocol (dpscale.report.tta_pool)."""
+    work, to = _workdir_from(H200X2, tmp_path / "work"), tmp_path / "reference"
+    kept = cli.keep("x2", work, to)
+    old = kept / "earlier" / "first" / "ddp_weak" / "cached" / "k1.json"
+    old.parent.mkdir(parents=True)
+    shutil.copy(kept / "runs" / "ddp_weak" / "cached" / "k1.json", old)
+    before = old.read_bytes()
+    again = cli.keep("x2", work, to, force=True)
+    assert (again / "earlier" / "first" / "ddp_weak" / "cached" / "k1.json").read_bytes() == before

@@ -117,6 +117,8 @@ def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
             _copy(meta, tmp.data / meta.name, workdir)
         for log in sorted((workdir / ".snakemake" / "log").glob("*.snakemake.log")):
             _copy(log, tmp.logs / "snakemake" / log.name, workdir)
+        if kept.earlier.is_dir():   # the machine's earlier measurements stay with it (report.tta_pool)
+            shutil.copytree(kept.earlier, tmp.earlier)
         # The report is built where it will live: the paths it names are the kept ones.
         # The machine it replaces waits aside until the build succeeds, then goes.
         old = target.rename(to / f".{name}.replaced") if target.exists() else None

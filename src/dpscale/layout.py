@@ -39,6 +39,7 @@ DATA_DIR = "data"
 ROOFLINE = "roofline.json"
 LOGS_DIR = "logs"
 REPORT_DIR = "report"
+EARLIER_DIR = "earlier"   # a kept machine's earlier measurements: earlier/<label>/<experiment>/<variant>/k<k>.json
 RESULT_GLOB = "*/*/k*.json"   # a result under runs/
 
 # The working folder (paths as the rules write them: relative to Snakemake's working directory)
@@ -83,6 +84,7 @@ class Folder:
     report = property(lambda self: self._at(REPORT_DIR))
     plan = property(lambda self: self.root / PLAN if self.flat else self.report / PLAN)
     logs = property(lambda self: self.root / LOGS_DIR)
+    earlier = property(lambda self: self.root / EARLIER_DIR)
 
     def has_results(self) -> bool:
         return self.runs.is_dir()

@@ -24,10 +24,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from dpscale import provenance, registry, results as contract
+from dpscale import layout, provenance, registry, results as contract
 from dpscale.analysis import tta as tta_rules
 
-EARLIER = "earlier"
+EARLIER = layout.EARLIER_DIR
 
 
 def earlier_paths(runs_dir, experiment: str, variant: str, k: int) -> list[Path]:
