@@ -509,3 +509,14 @@ def test_a_numpy_number_reaches_the_csv_as_a_number():
     import numpy as np
     from dpscale.report.render import _csv_value
     assert _csv_value(np.float64(0.25)) == "0.25" and _csv_value(0.1) == "0.1" and _csv_value(None) == ""
+
+
+@pytest.mark.timeout(20)
+def test_fresh_seeds_are_listed_without_spanning_their_range():
+    """Fresh seeds are random 31-bit numbers: '1-5' is for a run of consecutive seeds only,
+    found without building the range between the smallest and the largest (which held the
+    first fresh-seed report for 208 s and took 24 GB)."""
+    from dpscale.report.chapters.tta import listed, seeds_text
+    assert seeds_text([3, 1, 2, 4, 5]) == "1-5"
+    fresh = [1715080628, 395013632, 1715840148, 878780210, 1924942291]
+    assert seeds_text(fresh) == listed(fresh)
