@@ -77,7 +77,7 @@ def test_a_kept_machine_is_the_working_folder_flattened_and_resolves_what_its_re
 def test_the_report_names_a_kept_results_log_where_it_is_now(tmp_path):
     kept = layout.kept(tmp_path / "reference" / "m")
     path = Path(layout.result_path("ddp_weak", "seed", 1, str(kept.runs)))
-    results.write_json_atomic(path, _record(tmp_path, log="logs/ddp_weak/seed/k1.log",
+    results.save(path, _record(tmp_path, log="logs/ddp_weak/seed/k1.log",
                                             nccl_traces=["logs/ddp_weak/seed/k1.log.ranks/nccl_trace_rank_0"]))
     results.write_json_atomic(kept.fingerprint, CPU_FP)
     r = machines.load_reference(kept.root).get("ddp_weak", "seed", 1)
@@ -132,3 +132,17 @@ def test_no_committed_reference_names_a_folder_of_the_machine_that_made_it(tmp_p
                                         ("x=/usr/bin/ip", "x=/usr/bin/ip")])
 def test_text_that_is_no_path_of_the_run_is_left_as_it_is(text, want, tmp_path):
     assert results.portable({"v": text}, tmp_path) == {"v": want}
+
+
+def test_keep_seals_again_a_sealed_record_whose_paths_it_rewrites(tmp_path):
+    """A sealed result naming an absolute path of the run: keep rewrites the path, and the
+    copy is still sound (a path-only rewrite); a damaged one is copied as it is, unsealed
+    by nothing, so keep's audit still refuses it."""
+    work = tmp_path / "work"
+    sealed = results.save(work / "k1.json", _record(tmp_path, log=str(work / "logs" / "k1.log")))
+    cli._copy(work / "k1.json", tmp_path / "kept" / "k1.json", work)
+    assert results.audit(tmp_path / "kept" / "k1.json").state == results.SOUND
+    assert json.loads((tmp_path / "kept" / "k1.json").read_text())["log"] == "logs/k1.log"
+    (work / "k2.json").write_text(json.dumps({**sealed, "reason": "edited"}))
+    cli._copy(work / "k2.json", tmp_path / "kept" / "k2.json", work)
+    assert results.audit(tmp_path / "kept" / "k2.json").state == results.ALTERED

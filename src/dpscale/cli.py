@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 from dpscale import layout, registry
+from dpscale import results as contract
 from dpscale.results import portable
 from dpscale.report import book as bookmod, convergence as convergence_cmd
 
@@ -56,7 +57,13 @@ def _copy(src: Path, dest: Path, run_dir: Path) -> None:
             except (OSError, ValueError):
                 obj = None
             if obj is not None and (rel := portable(obj, run_dir)) != obj:
-                Path(d).write_text(json.dumps(rel, indent=2) + "\n")
+                if isinstance(obj, dict) and "digest" in obj:
+                    if contract.audit(s).state != contract.SOUND:
+                        return shutil.copy2(s, d)     # keep refuses it; never seal a damaged one
+                    # the rewrite changes paths only: seal it again, or every kept result reads "altered"
+                    contract.write_json_atomic(d, contract.seal({x: v for x, v in rel.items() if x != "digest"}))
+                else:
+                    Path(d).write_text(json.dumps(rel, indent=2) + "\n")
                 shutil.copystat(s, d)
                 return d
         return shutil.copy2(s, d)
