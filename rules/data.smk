@@ -17,7 +17,7 @@ rule download:
         retries=config["data"]["retries"],
         timeout_s=config["data"]["timeout_s"],
     shell:
-        "python {params.scripts:q}/download.py --root \"$(dirname {output.provenance:q})\""
+        'python {params.scripts:q}/download.py --root "$(dirname {output.provenance:q})"'
         " --source {params.source:q} --mirrors {params.mirrors:q} --local-dir={params.local_dir:q}"
         " --retries {params.retries} --timeout-s {params.timeout_s} > {log:q} 2>&1"
 
@@ -38,7 +38,7 @@ rule resize:
     params:
         scripts=SCRIPTS,
     shell:
-        "python {params.scripts:q}/resize.py --root \"$(dirname {input.provenance:q})\""
+        'python {params.scripts:q}/resize.py --root "$(dirname {input.provenance:q})"'
         " --size {wildcards.size} --out {output.cache:q} --meta {output.meta:q} > {log:q} 2>&1"
 
 

@@ -43,6 +43,8 @@ rule fingerprint:
     log:
         f"{layout.LOGS}/fingerprint.log",
     localrule: True
+    conda:
+        "../envs/report.yaml"
     params:
         scripts=SCRIPTS,
         fingerprint=dsfp.dumps(FP),

@@ -78,7 +78,7 @@ def rule_blocks(text: str):
     """(conda value, shell text) of each rule of a .smk file."""
     for block in re.split(r"^\s*rule\b", text, flags=re.M)[1:]:
         conda = re.search(r"conda:\s*\n\s*(f?\"[^\"]+\")", block)
-        shell = re.search(r"shell:\s*\n((?:\s+f?\".*\"\n?)+)", block)
+        shell = re.search(r"shell:\s*\n((?:\s+f?([\"']).*\2\n?)+)", block)
         yield (conda.group(1) if conda else None), (shell.group(1) if shell else "")
 
 
@@ -89,7 +89,7 @@ def rules() -> list[tuple[str, list[Path], tuple[str, ...]]]:
         for conda, shell in rule_blocks(smk.read_text()):
             if conda is None:
                 continue
-            scripts = [ROOT / "scripts" / s for s in re.findall(r"\{params\.scripts\}/(\w+\.py)", shell)]
+            scripts = [ROOT / "scripts" / s for s in re.findall(r"\{params\.scripts(?::q)?\}/(\w+\.py)", shell)]
             if "{_exp.family}" in conda:   # rules/measure.smk: one rule per registry experiment
                 for exp in registry.EXPERIMENTS.values():
                     cmd = command.worker_command({"experiment": exp.name, "k": 1}, "r.json", "r.ranks")
