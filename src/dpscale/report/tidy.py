@@ -119,11 +119,17 @@ def _base(metrics: dict, name: str) -> str | None:
     return head if head and tail in SUMMARY and _sample(metrics, head)[0] else None
 
 
+# Identifiers, not measurements: a time-to-accuracy job's run_id is a 63-bit integer that a
+# float64 column would round to another id (the result JSON keeps it exactly).
+IDENTIFIERS = frozenset({"run_id"})
+
+
 def metric_rows(metrics: dict) -> list[dict]:
-    """One row per scalar numeric metric: metric, unit, value, ci_lo, ci_hi, n, covers."""
+    """One row per scalar numeric metric (identifiers left out): metric, unit, value,
+    ci_lo, ci_hi, n, covers."""
     rows = []
     for name, value in metrics.items():
-        if not _number(value):
+        if not _number(value) or name in IDENTIFIERS:
             continue
         base = _base(metrics, name)
         n, covers = _sample(metrics, base) if base else (None, "")
