@@ -22,24 +22,28 @@ def _metrics(folder, e, v, k):
 
 def test_rows_hold_the_jsons_numbers_and_say_when_there_is_no_interval():
     df = compare.table(compare.load(H200), compare.load(H200X2))
-    row = df[(df.experiment == "ddp_weak") & (df.variant == "seed") & (df.k == 1)].iloc[0]
-    ma = _metrics(H200, "ddp_weak", "seed", 1)   # re-measured with 3 launches: the launches are the samples
+    row = df[(df.experiment == "ddp_weak") & (df.variant == "tuned") & (df.k == 1)].iloc[0]
+    ma = _metrics(H200, "ddp_weak", "tuned", 1)   # 3 launches: the launches are the samples
     a = statistics.fmean(ma.get("samples_per_s_launches") or ma["samples_per_s_repeats"])
-    b = _metrics(H200X2, "ddp_weak", "seed", 1)["samples_per_s"]      # one epoch, no repeats
+    b = _metrics(H200X2, "ddp_weak", "tuned", 1)["samples_per_s"]      # one epoch, no repeats
     assert row["A"] == pytest.approx(a) and row["B"] == pytest.approx(b) and row["B/A"] == pytest.approx(b / a)
     assert (row.n_A, row.n_B) == (3, 1) and row.isna()["ci_lo"] and row.isna()["ci_hi"]
     assert row.note.startswith("no interval: B has 1 sample(s), A has 3")
-    assert set(df.k) == {1} and len(df) == 4      # the only points both machines measured
+    # the only point both measured: on one H200 the lone k=1 series are skipped (lone_k1: false)
+    assert set(df.k) == {1} and len(df) == 1
     assert str(df["B/A"].dtype) == "float64"
 
 
 def test_a_machine_against_itself_gives_ratio_1_inside_its_interval(tmp_path):
-    """Every h200 throughput point has 3 launches of one timed epoch now: a copy of the
-    machine with one more point, kept from 5a04905 (3 launches of 2 timed epochs) and cut
-    to its first launch (its timed epochs the only samples), covers both kinds."""
+    """The h200's throughput points, with the lone k=1 series of its earlier run (7aa3da0:
+    3 launches of one timed epoch each) put back, and one more point kept from 5a04905 (3
+    launches of 2 timed epochs) cut to its first launch (its timed epochs the only
+    samples): both kinds of interval."""
     h200 = shutil.copytree(H200, tmp_path / "h200", ignore=shutil.ignore_patterns("logs", "report", "extended"))
+    earlier = H200 / "earlier" / "7aa3da0"
+    for e, v in (("ddp_weak", "seed"), ("ddp_weak", "cached"), ("jax_weak", "host"), ("fsdp", "default")):
+        shutil.copy(earlier / e / v / "k1.json", h200 / "runs" / e / v / "k1.json")
     one = h200 / "runs" / "ddp_strong" / "cached" / "k1.json"
-    one.parent.mkdir(parents=True)
     shutil.copy(H200 / "extended" / "runs" / "ddp_strong" / "cached" / "k1.json", one)
     r = json.loads(one.read_text())
     r["metrics"] = {k: v for k, v in r["metrics"].items() if "launch" not in k}
@@ -54,8 +58,8 @@ def test_a_machine_against_itself_gives_ratio_1_inside_its_interval(tmp_path):
 
 def test_protocol_difference_is_named(tmp_path):
     for name in ("a", "b"):
-        shutil.copytree(H200 / "runs" / "ddp_weak" / "seed", tmp_path / name / "runs" / "ddp_weak" / "seed")
-    p = tmp_path / "b" / "runs" / "ddp_weak" / "seed" / "k1.json"
+        shutil.copytree(H200 / "runs" / "ddp_weak" / "tuned", tmp_path / name / "runs" / "ddp_weak" / "tuned")
+    p = tmp_path / "b" / "runs" / "ddp_weak" / "tuned" / "k1.json"
     r = json.loads(p.read_text())
     r["config"]["protocol"]["per_rank_batch"] = 128
     save(p, r)

@@ -77,7 +77,7 @@ def test_worker_help_says_what_it_sets():
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine may have GPUs")
 def test_gpu_backend_without_gpus_fails_loudly(tiny_data, tmp_path):
     """CPU numbers must never be recorded under xla-gpu."""
-    gpu_fp = {**CPU_FP, "gpu_count": 1, "gpu_model": "NVIDIA H200"}
+    gpu_fp = {**CPU_FP, "gpu_count": 2, "gpu_model": "NVIDIA H200"}   # two: on one GPU a lone k=1 series is skipped before it runs
     rc, res, log = run_job(make_spec(tiny_data, "jax_weak", 1, "device", proto=PROTO, fp=gpu_fp), tmp_path)
     assert rc == 0 and res["status"] == "failed" and res["metrics"] == {}
     assert "needs gpu devices" in log and res["reason"].startswith("RuntimeError: backend xla-gpu needs gpu devices")

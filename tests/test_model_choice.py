@@ -111,8 +111,8 @@ def test_the_misfit_hook_widens_the_forecast_and_the_holdout(monkeypatch):
     pts, s = _set(np.random.default_rng(8))
     base_f = next(r for r in forecast.tta_forecast(s, THR, 256, THR, draws=4000)["rows"] if r["k"] == 8)
     base_h = model_choice.holdout(pts, 2048, [256, 512, 1024], draws=4000)["combined"]
-    monkeypatch.setattr(model_choice, "misfit_band", lambda d, batch, fit_batches, rng: np.median(d) + 2 * (
-        d - np.median(d)))
+    monkeypatch.setattr(model_choice, "misfit_band", lambda d, batch, s, rng: (np.median(d) + 2 * (
+        d - np.median(d)), None))
     wide_f = next(r for r in forecast.tta_forecast(s, THR, 256, THR, draws=4000)["rows"] if r["k"] == 8)
     wide_h = model_choice.holdout(pts, 2048, [256, 512, 1024], draws=4000)["combined"]
     assert wide_f["samples_hi"] - wide_f["samples_lo"] > 1.8 * (base_f["samples_hi"] - base_f["samples_lo"])

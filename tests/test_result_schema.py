@@ -74,7 +74,7 @@ def test_what_an_interval_covers_is_text_the_schema_allows():
     from dpscale.run import launches
     spread = timing.spread_fields("samples_per_s", [100.0, 101.0, 99.0])
     assert any(k.endswith("_covers") for k in spread)
-    one = json.loads((ROOT / "reference/h200/runs/ddp_weak/cached/k1.json").read_text())
+    one = json.loads((ROOT / "reference/h200/runs/ddp_weak/tuned/k1.json").read_text())
     one["metrics"].update(spread)
     results.check_schema(one, "one launch")
     merged = launches.merge([json.loads(json.dumps(one)) for _ in range(3)])
