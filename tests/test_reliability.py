@@ -23,13 +23,14 @@ from dpscale.data import load as dload, resize as dresize
 # ---------------------------------------------------------------- 1. bad configs
 
 def readme_bad_inputs() -> list[tuple[str, str]]:
-    """The README's table 'Bad input, as it prints': (the --config argument, the line)."""
-    text = (ROOT / "README.md").read_text().split("### Bad input, as it prints", 1)[1].split("\n## ", 1)[0]
+    """docs/configuration.md's table 'Bad input, as it prints': (the --config argument, the line)."""
+    text = (ROOT / "docs" / "configuration.md").read_text().split("## Bad input, as it prints", 1)[1]
     rows = re.findall(r"^\| `(.+?)` \| `(.+)` \|$", text, re.M)
     return [(arg[1:-1] if arg.startswith("'") else arg, line) for arg, line in rows]
 
 
-BAD_CONFIGS = readme_bad_inputs()   # every row of the README's table, checked as printed
+BAD_CONFIGS = readme_bad_inputs()   # every row of the documented table, checked as printed
+assert len(BAD_CONFIGS) >= 15, "docs/configuration.md's table of bad input was not found"
 
 
 @pytest.fixture(scope="module")
