@@ -65,20 +65,30 @@ def forecast_efficiency(data: ReportData):
         if drew:
             used.append(m)
     if not used:
-        kit.empty(axes[0, 0], "The forecast needs k=1 throughput and an all-reduce at some k >= 2 "
-                              "(measured on this machine, or a fabric file).")
-        axes[0, 1].set_axis_off()
-        return fig
-    cfg = fcr.compute(data)[0]["config"]
-    first = next(s for _m, _f, s in _series(data))
-    ks = [r["k"] for r in first["rows"]]
-    for ax, (_s, title) in zip(axes[0], PANELS):
-        _frame(ax, ks, first.get("per_node") or cfg["gpus_per_node"], title)
+        return _empty(fig, axes)
+    cfg = _frames(data, axes)
+    for ax in axes[0]:
         ax.axhline(100 * cfg["knee_efficiency"], color="#999", ls="--", lw=1)
         ax.set_ylim(0, 105)
     axes[0, 0].set_ylabel("efficiency, %")
     kit.legend(fig, kit.machine_entries(data, used) + _legend(cfg, knee_at))
     return fig
+
+
+def _empty(fig, axes):
+    kit.empty(axes[0, 0], "The forecast needs k=1 throughput and an all-reduce at some k >= 2 "
+                          "(measured on this machine, or a fabric file).")
+    axes[0, 1].set_axis_off()
+    return fig
+
+
+def _frames(data: ReportData, axes) -> dict:
+    """Both panels framed on the first machine's k grid and node size; the forecast's config."""
+    cfg = fcr.compute(data)[0]["config"]
+    first = next(s for _m, _f, s in _series(data))
+    for ax, (_s, title) in zip(axes[0], PANELS):
+        _frame(ax, [r["k"] for r in first["rows"]], first.get("per_node") or cfg["gpus_per_node"], title)
+    return cfg
 
 
 def _legend(cfg: dict, knee_at) -> list[tuple]:
@@ -101,14 +111,9 @@ def forecast_step_time(data: ReportData):
         if any([_draw(ax, s["rows"], f"{scaling}_step_ms", color) for ax, (scaling, _t) in zip(axes[0], PANELS)]):
             used.append(m)
     if not used:
-        kit.empty(axes[0, 0], "The forecast needs k=1 throughput and an all-reduce at some k >= 2 "
-                              "(measured on this machine, or a fabric file).")
-        axes[0, 1].set_axis_off()
-        return fig
-    cfg = fcr.compute(data)[0]["config"]
-    first = next(s for _m, _f, s in _series(data))
-    for ax, (_s, title) in zip(axes[0], PANELS):
-        _frame(ax, [r["k"] for r in first["rows"]], first.get("per_node") or cfg["gpus_per_node"], title)
+        return _empty(fig, axes)
+    cfg = _frames(data, axes)
+    for ax in axes[0]:
         kit.log_y(ax, "time per step, ms")
     kit.legend(fig, kit.machine_entries(data, used) + _legend(cfg, None)[::2])
     return fig
