@@ -188,3 +188,15 @@ def test_the_readme_numbers_are_the_reports():
         assert re.search(X, col(row, "samples/s")).group(1) == f"{o[k]['throughput']['value']:.2f}", row
         assert re.search(X, col(row, "training only")).group(1) == f"{p['speedup_train']:.2f}", row
         assert re.search(X, col(row, "with evaluation")).group(1) == f"{p['speedup']:.2f}", row
+
+
+def test_the_readmes_summary_excerpt_is_the_kept_summary():
+    """README.md's excerpt of the last lines of a run (one H200) is reference/h200's
+    summary.txt, line for line (a line may stop early: an excerpt)."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"For one H200\s*\(an excerpt\):\s*```\n(.*?)```", text, re.S)
+    assert block, "README.md has no excerpt of the summary for one H200"
+    kept = (ROOT / "reference/h200/report/summary.txt").read_text().splitlines()
+    for line in block.group(1).splitlines():
+        line = line[2:]   # the list item's indent
+        assert any(k.startswith(line) for k in kept), f"not in reference/h200/report/summary.txt: {line!r}"
