@@ -188,3 +188,29 @@ def test_where_a_naive_predictor_won_the_output_leads_with_it(tmp_path, capsys):
     first = block.splitlines()[2] if block.splitlines()[1].startswith("  fabric files") else block.splitlines()[1]
     assert first.startswith("  best out of sample here: the fully exposed all-reduce (naive)"), first
     assert "weak bare all-reduce" in block.split("validation, every row")[0]
+
+
+def test_where_a_naive_predictor_won_the_summary_and_the_chapter_lead_with_it():
+    """On the committed machines, as a report over reference/h200 reads them: the 2 x H200
+    and the book (the fully exposed all-reduce won out of sample there) get the naive
+    predictor first in the run's closing lines and in the forecast chapter's summary; the
+    16-core stand-in (the model won) gets no such lead."""
+    from dpscale import report
+    from dpscale.report import forecast as fcr, summary
+    from dpscale.report.chapters import forecast as chapter
+    root = Path(__file__).resolve().parents[1]
+    data = report.load(root / "reference/h200/runs", root / "reference/h200/fingerprint.json",
+                       references=[root / "reference"], book_path=root / "reference/book_4090.yaml", name="h200")
+    won = {f["label"]: f["summary"]["verdict"]["winner"] for f in fcr.compute(data) if f["validation"]}
+    assert won["h200x2"] != "model" and won["book"] != "model" and won["cpu16-standin"] == "model"
+    for f in fcr.compute(data):
+        if f["label"] not in won:
+            continue
+        m = next(m for m in data.machines if m.name == f["machine"])
+        closing = "\n".join(summary.machine_lines(data, m))
+        said = chapter.summary_text(f)
+        if won[f["label"]] == "model":
+            assert "did better here" not in closing and "did best here" not in said, f["label"]
+        else:
+            assert "out of sample the fully exposed all-reduce did better here" in closing, closing
+            assert "out of sample the fully exposed all-reduce did best here" in said, said

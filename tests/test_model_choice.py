@@ -111,8 +111,12 @@ def test_the_misfit_hook_widens_the_forecast_and_the_holdout(monkeypatch):
     pts, s = _set(np.random.default_rng(8))
     base_f = next(r for r in forecast.tta_forecast(s, THR, 256, THR, draws=4000)["rows"] if r["k"] == 8)
     base_h = model_choice.holdout(pts, 2048, [256, 512, 1024], draws=4000)["combined"]
-    monkeypatch.setattr(model_choice, "misfit_band", lambda d, batch, s, rng: (np.median(d) + 2 * (
-        d - np.median(d)), None))
+    real = model_choice.misfit_band
+
+    def doubled(d, batch, s, rng):   # the real misfit, then every draw twice as far from the median
+        w, rec = real(d, batch, s, rng)
+        return np.median(w) + 2 * (w - np.median(w)), rec
+    monkeypatch.setattr(model_choice, "misfit_band", doubled)
     wide_f = next(r for r in forecast.tta_forecast(s, THR, 256, THR, draws=4000)["rows"] if r["k"] == 8)
     wide_h = model_choice.holdout(pts, 2048, [256, 512, 1024], draws=4000)["combined"]
     assert wide_f["samples_hi"] - wide_f["samples_lo"] > 1.8 * (base_f["samples_hi"] - base_f["samples_lo"])
@@ -132,3 +136,16 @@ def test_a_holdout_weighs_only_the_batches_it_was_fitted_to():
     assert model_choice.holdout(pts, 1024, [256, 512])["weights"] == {"line": 0.5, "power": 0.5}
     assert h["models"]["line"]["mean"] == pytest.approx(
         batch_model.predict(batch_model.fit_batch_model({B: pts[B] for B in (256, 512, 1024)}), 2048)["mean"])
+
+
+def test_the_holdouts_mixture_band_is_for_the_mean_of_the_seeds_it_is_checked_against():
+    """The held-out batch measured with one seed, then with five (the fit from the smaller
+    batches the same): the mixture's band, like each model's, is for the mean of that many
+    new seeds, so five seeds' band is clearly narrower (one seed's is about 1.4x as wide)."""
+    for seed in (3, 4, 5):
+        pts = _points(np.random.default_rng(seed), line)
+        five = model_choice.holdout(pts, 2048, [256, 512, 1024], draws=4000)
+        one = model_choice.holdout({**pts, 2048: pts[2048][:1]}, 2048, [256, 512, 1024], draws=4000)
+        assert (five["measured_n"], one["measured_n"]) == (5, 1)
+        for a, b in ((five["combined"], one["combined"]), (five["models"]["line"], one["models"]["line"])):
+            assert b["pred_hi"] - b["pred_lo"] > 1.25 * (a["pred_hi"] - a["pred_lo"])
