@@ -79,3 +79,23 @@ def test_what_an_interval_covers_is_text_the_schema_allows():
     results.check_schema(one, "one launch")
     merged = launches.merge([json.loads(json.dumps(one)) for _ in range(3)])
     results.check_schema(merged, "merged launches")
+
+
+@pytest.mark.parametrize("damage", ["edited", "unsealed", "truncated"])
+def test_a_reader_refuses_a_result_that_is_not_what_was_written(tmp_path, damage):
+    """results.load_result, what every reader of a kept machine goes through
+    (report.machines, tta_pool, forecast, compare, export): a sealed result edited by hand,
+    one without a seal, one cut short, each a ValueError naming the file and the state;
+    the same file as written loads."""
+    p = tmp_path / "k2.json"
+    sealed = results.save(p, good())
+    assert results.load_result(p)["metrics"]["samples_per_s"] == 10.0
+    if damage == "edited":
+        p.write_text(json.dumps({**sealed, "metrics": {**sealed["metrics"], "samples_per_s": 99999.0}}))
+    elif damage == "unsealed":
+        p.write_text(json.dumps({k: v for k, v in sealed.items() if k != "digest"}))
+    else:
+        p.write_text(p.read_text()[: len(p.read_text()) // 2])
+    state = {"edited": "altered", "unsealed": "unsealed", "truncated": "unreadable"}[damage]
+    with pytest.raises(ValueError, match=rf"{p.name}.*{state}|{state}.*{p.name}"):
+        results.load_result(p)
