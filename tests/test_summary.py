@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT, SMALL, copy_primed, env_with_src, smk
@@ -143,3 +144,24 @@ def test_the_summary_names_the_series_a_lone_k1_left_unmeasured():
                                                     ("allreduce", "default", 2): {"status": "skipped", "reason": "k=2"}})
     assert summary.lone_lines(m) == [f"this run: not measured, {LONE_K1} on this machine (no k >= 2 can run): "
                                      "ddp_strong/cached, fsdp/default"]
+
+
+def test_closing_from_other_results_still_says_a_refused_data_copy(tmp_path):
+    """The report is not this run's answer (a result changed after it), and the data stage
+    refused a copy before the one it used: the closing lines say so on that path too, not
+    only inside a report's summary."""
+    from dpscale import layout
+    work = layout.working(tmp_path)
+    report_dir = work.report
+    report_dir.mkdir(parents=True)
+    target = _result(tmp_path / "results/runs/ddp_weak/cached/k2.json")
+    _report_read(report_dir, target)
+    (report_dir / "report.html").write_text("<html></html>")
+    _result(tmp_path / "results/runs/ddp_weak/cached/k2.json", "failed", "RuntimeError: boom")
+    work.data.mkdir(parents=True, exist_ok=True)
+    (work.data / "source.json").write_text(json.dumps({"origin": "debian", "rejected": [
+        {"folder": "/my copy", "reason": "train-images-idx3-ubyte.gz is truncated"}]}))
+    text = summary.closing([target], report_dir / "summary.txt", report_dir / "report.html")
+    assert "h200: k=2" not in text
+    assert ("data: Fashion-MNIST in /my copy was refused (train-images-idx3-ubyte.gz is truncated); the run used "
+            "debian instead") in text.splitlines()
