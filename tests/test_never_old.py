@@ -177,7 +177,7 @@ def test_a_dry_run_after_a_machine_change_writes_nothing(done, tmp_path):
 
 def test_a_clone_under_a_path_with_a_space_and_non_ascii_runs_in_place_and_with_d(done, tmp_path):
     home = tmp_path / "my dpscale ü"
-    repo, cfg = copy_done(done, home / "clone")
+    repo, cfg = copy_done(done, home / "my clone")   # with -d below, the scripts' relative path has a space too
     for t in TARGETS:
         (repo / t).unlink()
     shutil.rmtree(repo / "results/report")
