@@ -214,3 +214,22 @@ def test_where_a_naive_predictor_won_the_summary_and_the_chapter_lead_with_it():
         else:
             assert "out of sample the fully exposed all-reduce did better here" in closing, closing
             assert "out of sample the fully exposed all-reduce did best here" in said, said
+
+
+def test_a_row_that_read_a_measured_point_never_sets_that_points_misfit():
+    """The nested leave-out goes by what a row read, not by its k alone: a row at another
+    k whose prediction read the throughput measured at k (its error moves with that
+    measurement) is left out of the misfit of the rows at k, on every committed machine."""
+    from dpscale.analysis.forecast import misfit
+    cfg = {**fcr.settings(None), "bootstrap_draws": 4}
+    checked = 0
+    for m in machines():
+        for _fam, _var, s in fcr.machine_series(m):
+            own = [check.residual(r, m.name) for r in check.validation(s, fit.Given(), cfg)]
+            for point in own:
+                pool, _how = misfit.pool(point.series, point.scaling, point.k, m.name, own, [])
+                readers = [r for r in own if r.k != point.k and r.series == point.series
+                           and ("throughput", point.k, point.scaling) in r.reads]
+                assert not any(r in pool for r in readers), (m.name, point.series, point.scaling, point.k)
+                checked += len(readers)
+    assert checked, "no committed row read a measured point at another k: the property checks nothing"
