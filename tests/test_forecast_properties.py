@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpscale.analysis.forecast import check, fit, model as fc, predict
+from dpscale.analysis.forecast import check, fit, misfit, model as fc, predict
 from dpscale.analysis.forecast.inputs import Rate
 from dpscale.report import book as bookmod, forecast as fcr
 from dpscale.report.machines import load_reference, reference_folders
@@ -220,7 +220,6 @@ def test_a_row_that_read_a_measured_point_never_sets_that_points_misfit():
     """The nested leave-out goes by what a row read, not by its k alone: a row at another
     k whose prediction read the throughput measured at k (its error moves with that
     measurement) is left out of the misfit of the rows at k, on every committed machine."""
-    from dpscale.analysis.forecast import misfit
     cfg = {**fcr.settings(None), "bootstrap_draws": 4}
     checked = 0
     for m in machines():
@@ -228,6 +227,8 @@ def test_a_row_that_read_a_measured_point_never_sets_that_points_misfit():
             own = [check.residual(r, m.name) for r in check.validation(s, fit.Given(), cfg)]
             for point in own:
                 pool, _how = misfit.pool(point.series, point.scaling, point.k, m.name, own, [])
+                # the rule stated again, not Residual.touches: a test through touches would
+                # follow a mutant of it
                 readers = [r for r in own if r.k != point.k and r.series == point.series
                            and ("throughput", point.k, point.scaling) in r.reads]
                 assert not any(r in pool for r in readers), (m.name, point.series, point.scaling, point.k)
