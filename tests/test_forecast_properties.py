@@ -220,7 +220,7 @@ def test_a_row_that_read_a_measured_point_never_sets_that_points_misfit():
     """The nested leave-out goes by what a row read, not by its k alone: a row at another
     k whose prediction read the throughput measured at k (its error moves with that
     measurement) is left out of the misfit of the rows at k, on every committed machine."""
-    cfg = {**fcr.settings(None), "bootstrap_draws": 4}
+    cfg = fcr.settings(None, bootstrap_draws=4)
     checked = 0
     for m in machines():
         for _fam, _var, s in fcr.machine_series(m):
