@@ -338,7 +338,15 @@ def test_tta_forecast_rows_fastest_and_cheapest_k():
     assert rows[1]["speedup"] == pytest.approx(1.0) and rows[8]["speedup_lo"] < rows[8]["speedup"] < rows[8]["speedup_hi"]
     draws = forecast.tta_forecast(fit, [1, 2], 256, {1: {"draws": [5000.0] * 10, "source": "measured"}}, draws=500)
     assert draws["rows"][0]["samples_per_s"] == 5000.0 and draws["rows"][1]["time_s"] is None
-    assert draws["fastest_k"] == 1
+    # k=1 alone timed: nothing to compare it with, so no k is named (issue #52: a missing
+    # input said, never answered with "soonest k=1")
+    assert draws["fastest_k"] is None and draws["cheapest_k"] is None
+    assert draws["no_choice_reason"] == "samples/s at k=1 alone: no other k to compare it with"
+    no_k1 = forecast.tta_forecast(fit, [1, 2, 4], 256, {k: thr[k] for k in (2, 4)}, draws=500)
+    assert no_k1["fastest_k"] is None and no_k1["no_choice_reason"].startswith("no samples/s at k=1")
+    no_eval = forecast.tta_forecast(fit, [1, 2], 256, thr, eval_s_per_sample={1: None, 2: 1e-5}, draws=500)
+    assert no_eval["fastest_k"] is None and "evaluation's cost at k=1" in no_eval["no_choice_reason"]
+    assert [r["time_s"] is None for r in no_eval["rows"]] == [True, False]
 
 
 # ---------------------------------------------------------------- against a second, minimal implementation

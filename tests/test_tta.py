@@ -252,22 +252,29 @@ def test_an_epochs_order_is_distributed_samplers_interleaving():
             assert torch.equal(order[s], want)
 
 
-def test_evaluations_come_finer_once_near_the_target_and_stay_fine():
+def test_the_protocol_evaluates_at_its_cadence_and_the_instrument_only_until_the_crossing():
+    """Protocol evaluations every tta_eval_every_epochs of this k's epochs (here 0.5 of 400
+    samples: every 200) and at the budget; the instrument's every 100, then every 25 once
+    within 0.1 of the target, and none after an evaluation reached it."""
     from dpscale.measure.torch_tta import EvalSchedule
-    s = EvalSchedule({"tta_eval_every_samples": 100, "tta_eval_near_every_samples": 25, "tta_eval_near_margin": 0.1,
-                      "tta_target": 0.9})
+    p = {"tta_eval_every_epochs": 0.5, "tta_train_images": 400, "tta_per_rank_batch": 10,
+         "tta_eval_every_samples": 100, "tta_eval_near_every_samples": 25, "tta_eval_near_margin": 0.1,
+         "tta_target": 0.9}
+    s = EvalSchedule(p, 1)
     seen, due = 0, []
-    accs = iter([0.5, 0.81, 0.7, 0.85, 0.95])
-    while len(due) < 5:
+    accs = iter([0.5, 0.81, 0.7, 0.85, 0.95, 0.93, 0.96])
+    while len(due) < 7:
         seen += 10
-        if s.due(seen, 10_000):
-            due.append(seen)
+        role = s.role(seen, 10_000)
+        if role:
+            due.append((seen, role))
             s.done(seen, next(accs))
-    assert due == [100, 200, 230, 250, 280]      # coarse to 0.81 (within 0.1 of 0.9), then every 25 (on 10-steps)
-    off = EvalSchedule({"tta_eval_every_samples": 100, "tta_eval_near_every_samples": 0, "tta_eval_near_margin": 0.1,
-                        "tta_target": 0.9})
-    off.done(100, 0.89)
-    assert off.next == 200 and off.due(150, 150)  # no fine cadence; the budget's end is always evaluated
+    assert due == [(100, "instrument"), (200, "protocol"), (230, "instrument"), (250, "instrument"),
+                   (280, "instrument"), (400, "protocol"), (600, "protocol")]
+    off = EvalSchedule({**p, "tta_eval_every_samples": 0, "tta_eval_near_every_samples": 0}, 1)
+    assert off.role(100, 10_000) is None and off.role(150, 150) == "protocol"   # the budget's end is the protocol's
+    # k=3: an epoch is 13 steps of 30 (390 samples, drop_last), so the cadence is 195 samples
+    assert EvalSchedule(p, 3).next_protocol == 195
 
 
 # ---------------------------------------------------------------- planning and the worker
@@ -283,7 +290,7 @@ def test_k_above_the_devices_is_emulated_not_skipped(tiny_data):
 # 32 test images right), so every seed converges after 32 samples. That learning
 # reaches a real target is the smoke DAG's job (16 px real data, target 0.6).
 TTA_TINY = {"tta_image_size": 16, "tta_train_images": 64, "tta_test_images": 32, "tta_per_rank_batch": 8,
-            "tta_target": 0.01, "tta_eval_every_samples": 32, "tta_eval_near_every_samples": 16,
+            "tta_target": 0.01, "tta_eval_every_epochs": 0.5, "tta_eval_every_samples": 32, "tta_eval_near_every_samples": 16,
             "tta_eval_near_margin": 0.05, "tta_max_epochs": 1, "tta_seeds": [1, 2, 3],
             "tta_warmup_epochs": 0.5, "tta_ks_emulated": [], "tta_timeout_s": 120}
 
@@ -310,7 +317,8 @@ def test_tta_worker_scores_its_seeds(tiny_data, tmp_path, k, variant):
     assert m["eval_every_samples"] == 32 and len(m["runs"]) == 3
     for r in m["runs"]:
         assert r["converged"] and r["curve"][0]["samples"] == max(32, 8 * k) == r["samples_to_target"]
-        assert 0 < r["eval_s"] < r["seconds_to_target"]   # the evaluation is on the clock
+        assert 0 < r["eval_s"] < r["seconds_to_target"]   # the protocol's evaluation is on the clock
+        assert [pt["role"] for pt in r["curve"]] == ["protocol"] and r["protocol_evaluations"] == 1
         assert r["crossing_status"] == "starts_above" and r["interpolated_samples_to_target"] == r["samples_to_target"]
         assert r["curve"][0]["eval_s"] == r["eval_s"] and r["curve"][0]["train_samples_per_s"] > 0
     assert m["scored"] and m["samples_to_target"] == max(32, 8 * k) and m["tta_s"] > 0
@@ -344,6 +352,7 @@ def test_a_settled_point_launches_no_more_seeds(monkeypatch):
     def launch(ctx, seed):
         launched.append(seed)
         return {"seed": seed, "converged": seed > 2, "eval_s": 0.1, "evaluations": 1, "eval_s_max": 0.1, "clock_s": 1.0,
+                "protocol_evaluations": 1, "instrument_evaluations": 0, "instrument_s": 0.0,
                 "cuda_graph": False, "warmup_s": 0.0, "crossing_resolution_samples": None,
                 **{f"{m}_to_target": None if seed <= 2 else 1.0 for m in tta.MEASURES + tta.INTERPOLATED}}
     monkeypatch.setattr(torch_tta, "one_launch", lambda ctx, seed, tr: launch(ctx, seed))
@@ -407,3 +416,62 @@ def test_interpolated_crossings_are_scored_as_mlperf_scores():
             ((1, 3.0), (2, 1.0), (3, 2.0))]
     f = tta.score_measures(runs, tta.INTERPOLATED)
     assert f["interpolated_samples_to_target"] == 2.0 and f["interpolated_epochs_to_target_kept_seeds"] == [3]
+
+
+# ---------------------------------------------------------------- the job's clock, not the instrument's
+
+class _SlowTrainer:
+    """A Trainer stand-in whose pass takes `per_image_s` a test image (a real clock, no
+    network) and counts every image right: what evaluation() times is then readable off
+    the number of images each pass saw."""
+    probe = None
+
+    def __init__(self, per_image_s: float):
+        self.per_image_s, self.passes = per_image_s, []
+
+    def correct(self, x, y):
+        import time as _t
+        _t.sleep(self.per_image_s * len(x))
+        self.passes.append(len(x))
+        return torch.tensor([len(x), len(x)], dtype=torch.int64)
+
+
+@pytest.fixture
+def one_process_group(tmp_path):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_a_protocol_evaluation_charges_one_ranks_shard_and_the_instrument_charges_nothing(one_process_group, k):
+    """At k ranks emulated in one process, the clock is charged the pass over one rank's
+    shard (test_images / k images) and the reduction, as k ranks run it side by side: never
+    the whole set's pass, nor a one-device time divided by k. An instrument's evaluation
+    (locating the crossing) charges nothing and the clock does not advance for it. The
+    accuracy is the whole test set's either way."""
+    from types import SimpleNamespace
+    from dpscale.measure import torch_tta
+    n, per_image = 200, 0.0004
+    ctx = SimpleNamespace(spec={"k": k}, world=1, rank=0, device=torch.device("cpu"),
+                          proto={"tta_train_images": 1000}, gpu=None)
+    xt, yt = torch.zeros(n, 4, 4), torch.zeros(n, dtype=torch.int64)
+    tr = _SlowTrainer(per_image)
+    curve = torch_tta.Curve(ctx, 7, 0.0, 0.0)
+    acc = torch_tta.evaluation(ctx, tr, curve, 100, xt, yt, None, "protocol")
+    assert acc == 1.0 and sorted(tr.passes) == sorted(len(range(r, n, k)) for r in range(k))   # every image once
+    p = curve.points[-1]
+    shard = len(range(0, n, k))
+    assert p["role"] == "protocol" and p["eval_images"] == shard
+    # charged: one shard's pass (sleep-timed), not the set's, and more than the set's time / k's floor
+    assert per_image * shard <= p["eval_s"] < per_image * shard + 0.25 * per_image * n + 0.02
+    if k > 1:
+        assert p["eval_wall_s"] >= per_image * n and p["eval_s"] < p["eval_wall_s"]
+    clock_before = p["seconds"]
+    torch_tta.evaluation(ctx, tr, curve, 200, xt, yt, None, "instrument")
+    q = curve.points[-1]
+    assert q["role"] == "instrument" and q["eval_s"] == 0 and q["eval_images"] == 0
+    assert q["eval_wall_s"] >= per_image * n
+    # the clock moved by the training time between the two (none here), not by the instrument's pass
+    assert q["seconds"] - clock_before < 0.02 < per_image * n

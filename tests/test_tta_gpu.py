@@ -111,7 +111,7 @@ def test_a_reseeded_graphed_trainer_replays_the_new_seed(nccl_rank0):
 
 
 TINY_GPU = {"tta_image_size": 16, "tta_train_images": 256, "tta_test_images": 64, "tta_per_rank_batch": 16,
-            "tta_target": 0.01, "tta_eval_every_samples": 64, "tta_eval_near_every_samples": 32,
+            "tta_target": 0.01, "tta_eval_every_epochs": 0.5, "tta_eval_every_samples": 64, "tta_eval_near_every_samples": 32,
             "tta_eval_near_margin": 0.05, "tta_max_epochs": 1, "tta_seeds": [1, 2, 3],
             "tta_warmup_epochs": 0.5, "tta_ks_emulated": [], "tta_timeout_s": 600}
 

@@ -257,8 +257,14 @@ def _sources(*roots: str) -> tuple[str, ...]:
 
 
 THROUGHPUT = ("image_size", "train_images", "epochs", "warmup_steps", "repeats")
+# The keys that say only when the test set is evaluated (the protocol's cadence, on the job's
+# clock; the instrument's grid, off it). An evaluation runs the network in eval mode without
+# gradients: it moves no weight, running statistic or data order, so measurements that differ
+# in these keys alone trained alike, and their samples to target pool (report.tta_pool).
+TTA_EVALUATION = ("tta_eval_every_epochs", "tta_eval_every_samples", "tta_eval_near_every_samples",
+                  "tta_eval_near_margin")
 TTA = ("tta_image_size", "tta_train_images", "tta_test_images", "tta_per_rank_batch", "tta_target",
-       "tta_eval_every_samples", "tta_eval_near_every_samples", "tta_eval_near_margin", "tta_max_epochs", "tta_seeds")
+       *TTA_EVALUATION, "tta_max_epochs", "tta_seeds")
 # Independent launches of a throughput point, merged by the watchdog (dpscale.run.launches).
 LAUNCHED = ("launches",)
 

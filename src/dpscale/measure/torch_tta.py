@@ -21,13 +21,23 @@ rank 0's (its first shard's), which DDP broadcasts and evaluation uses.
 tests/test_tta.py holds this equal to a real k=2 DDP step, for the book's step and for
 the tuned one (on CPU in float64, compile and graphs off).
 
-Evaluation: on rank 0's device, the correct count accumulated there, one host read per
-evaluation; each evaluation timed between two synchronisations. The GPU's state is
-sampled at every evaluation. Once the accuracy is within tta_eval_near_margin of the
-target, evaluations come every tta_eval_near_every_samples (EvalSchedule), so that the
-crossing, interpolated between the two evaluations that bracket it
-(dpscale.analysis.stateff.crossings), is resolved finely; MLPerf's first-evaluation
-values are kept beside it.
+Evaluation: two kinds, apart. The protocol's evaluations (role "protocol") are what a
+k-GPU job pays: every tta_eval_every_epochs of this k's epochs (once per epoch at paper, as
+d2l's `train` evaluates) and at the budget, the test set sharded over the k ranks
+(DistributedSampler's interleaving, rank r the images r, r+k, ...), each rank's correct
+count all-reduced. At an emulated k each process times the pass over its first rank's
+shard (10,000/k images at paper, on the device) and the reduction, as k real ranks would
+run them side by side; its other ranks' shards are then passed and reduced off the clock,
+only so the accuracy is the whole test set's. The launch ends at the first protocol
+evaluation at or above the target (MLPerf's score). The instrument's evaluations (role
+"instrument") only locate the crossing: every tta_eval_every_samples, then every
+tta_eval_near_every_samples once an evaluation has come within tta_eval_near_margin of the
+target (EvalSchedule), until one reaches it; they are recorded and labelled, and the
+clock is stopped while they run. Each evaluation records its seconds charged to the clock
+(eval_s: 0 for the instrument's) and its whole wall time (eval_wall_s). The crossing,
+interpolated between the two evaluations (of either role) that bracket it
+(dpscale.analysis.stateff.crossings), stands beside MLPerf's score. The GPU's state is
+sampled at every evaluation.
 
 The gradient noise scale (k >= 2): per step the mean over the k ranks of |G_small|^2
 and |G_big|^2, measured inside the step (measure.noise_scale.StepNoiseProbe), then
@@ -45,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import secrets
 import time
 
@@ -231,22 +242,24 @@ class Trainer:
         X = xb.unsqueeze(1).float().div_(255)
         return X.contiguous(memory_format=torch.channels_last) if self.channels_last else X
 
-    def evaluate(self, x, y) -> float:
-        """Top-1 accuracy of the model DDP keeps on rank 0 (rank 0's running statistics),
-        counted on the device: one host read for the whole test set."""
+    def correct(self, x, y) -> torch.Tensor:
+        """[correct, images] of one pass over (x, y) with the model this process keeps (its
+        running statistics), counted on the device (no host read)."""
         net = self.net()
         net.eval()
-        correct = torch.zeros((), dtype=torch.int64, device=x.device)
+        c = torch.zeros(2, dtype=torch.int64, device=x.device)
         with torch.no_grad(), self.cast():
             for i in range(0, len(x), EVAL_BATCH):
-                correct += (net(self.inputs(x[i:i + EVAL_BATCH])).argmax(1) == y[i:i + EVAL_BATCH]).sum()
+                c[0] += (net(self.inputs(x[i:i + EVAL_BATCH])).argmax(1) == y[i:i + EVAL_BATCH]).sum()
+        c[1] = len(x)
         net.train()
-        return int(correct) / len(x)
+        return c
 
-    def warm_up(self, ctx: Ctx, size: int, batch: int, test_images: int) -> None:
+    def warm_up(self, ctx: Ctx, size: int, batch: int, test_images: int, k: int = 1) -> None:
         """Compile, cudnn's autotuning and the CUDA graph's capture, before the clock: the
         step run WARMUP_CALLS times on random data (no training data touched), one
-        evaluation batch, then the seeded weights and statistics put back in place (the
+        evaluation pass of each shard length of this k (the batch shapes the sharded
+        evaluation runs), then the seeded weights and statistics put back in place (the
         graph keeps reading the same tensors) and the probe's rows forgotten. GPU only:
         an eager CPU step has nothing to warm."""
         if not ctx.cuda or self.opts is None:
@@ -255,14 +268,15 @@ class Trainer:
         state = list(self.model.module.state_dict().values())
         initial = [t.detach().clone() for t in state]
         g = torch.Generator(device=ctx.device).manual_seed(12345)
-        n = max(self.m * batch, min(EVAL_BATCH, test_images))
+        lengths = sorted({len(range(r, test_images, k)) for r in range(k)} | {test_images})
+        n = max(self.m * batch, *lengths)
         X = torch.randint(0, 256, (n, size, size), generator=g, device=ctx.device, dtype=torch.uint8)
         y = torch.randint(0, 10, (n,), generator=g, device=ctx.device)
         for _ in range(WARMUP_CALLS):
             if self.step(self.inputs(X[:self.m * batch]), y[:self.m * batch], tta.BASE_LR):
                 self.probe.reset()
-        if ctx.rank == 0:
-            self.evaluate(X[:min(EVAL_BATCH, test_images)], y[:min(EVAL_BATCH, test_images)])
+        for length in lengths:
+            self.correct(X[:length], y[:length])
         with torch.no_grad():
             torch._foreach_copy_(state, initial)
         if self.probe is not None:
@@ -324,45 +338,75 @@ def broadcast_float(ctx: Ctx, value: float) -> float:
     return float(t.item())
 
 
+def epoch_samples(p: dict, k: int) -> int:
+    """Samples one epoch trains at k: whole global batches only (epoch_order drops the rest)."""
+    return (p["tta_train_images"] // (k * p["tta_per_rank_batch"])) * k * p["tta_per_rank_batch"]
+
+
 class EvalSchedule:
-    """When to evaluate: every tta_eval_every_samples training samples (MLPerf's fixed
-    cadence), every tta_eval_near_every_samples once an evaluation has come within
-    tta_eval_near_margin of the target (for good: the accuracy is noisy, and the crossing
-    should not fall in a coarse bracket because one evaluation dipped), and at the budget."""
+    """When to evaluate, and for whom: role() is "protocol" every tta_eval_every_epochs of
+    this k's epochs (epoch_samples) and at the budget (charged to the job's clock; the
+    launch ends at the first at or above the target), "instrument" every
+    tta_eval_every_samples (0: never), then every tta_eval_near_every_samples once an
+    evaluation has come within tta_eval_near_margin of the target (for good: the accuracy
+    is noisy, and the crossing should not fall in a coarse bracket because one evaluation
+    dipped) until one reaches the target (off the clock: they only locate the crossing),
+    else None."""
 
-    def __init__(self, p: dict):
-        self.every, self.near = p["tta_eval_every_samples"], p["tta_eval_near_every_samples"] or 0
+    def __init__(self, p: dict, k: int):
+        self.cadence = p["tta_eval_every_epochs"] * epoch_samples(p, k)
+        self.every, self.near = p["tta_eval_every_samples"] or 0, p["tta_eval_near_every_samples"] or 0
         self.margin, self.target = p["tta_eval_near_margin"], p["tta_target"]
-        self.next, self.fine = self.every, False
+        self.next_protocol = self.cadence
+        self.next = self.every or math.inf
+        self.fine = self.crossed = False
 
-    def due(self, seen: int, budget: float) -> bool:
-        return seen >= self.next or seen >= budget
+    def role(self, seen: int, budget: float) -> str | None:
+        if seen >= self.next_protocol or seen >= budget:
+            return "protocol"
+        if not self.crossed and seen >= self.next:
+            return "instrument"
+        return None
 
     def done(self, seen: int, accuracy: float) -> None:
-        if self.near and accuracy >= self.target - self.margin:
-            self.fine = True
-        while self.next <= seen:
-            self.next += self.near if self.fine else self.every
+        if accuracy >= self.target:
+            self.crossed = True
+        if self.near and accuracy >= self.target - self.margin and not self.fine:
+            self.fine, self.next = True, seen
+        while self.next_protocol <= seen:
+            self.next_protocol += self.cadence
+        step = self.near if self.fine else self.every
+        while step and self.next <= seen:
+            self.next += step
 
 
 class Curve:
-    """One launch's evaluations on the MLPerf clock, and the heartbeat line of each."""
+    """One launch's evaluations on the job's clock (the instrument's time taken off it),
+    and the heartbeat line of each."""
 
     def __init__(self, ctx: Ctx, seed: int, t0: float, started: float):
         self.ctx, self.seed, self.t0 = ctx, seed, t0
         self.points: list[dict] = []
-        self.last = (0, started)   # (samples, clock) at the end of the previous evaluation
+        self.off = 0.0               # seconds the clock was stopped for the instrument
+        self.last = (0, started)     # (samples, wall time) at the end of the previous evaluation
 
-    def add(self, seen: int, acc: float, e0: float, e1: float, b_simple: float | None) -> None:
+    def clock(self, wall: float) -> float:
+        return wall - self.t0 - self.off
+
+    def add(self, seen: int, acc: float, role: str, e0: float, charged_s: float, e1: float,
+            b_simple: float | None, charged_images: int) -> None:
         n = self.ctx.proto["tta_train_images"]
         train_s = e0 - self.last[1]
         sps = (seen - self.last[0]) / train_s if train_s > 0 else None
-        self.points.append({"samples": seen, "epochs": seen / n, "seconds": e1 - self.t0, "accuracy": acc,
-                            "eval_s": e1 - e0, "train_samples_per_s": sps, "b_simple_ema_samples": b_simple})
+        self.off += (e1 - e0) - charged_s
+        self.points.append({"samples": seen, "epochs": seen / n, "seconds": self.clock(e1), "accuracy": acc,
+                            "role": role, "eval_s": charged_s, "eval_wall_s": e1 - e0,
+                            "eval_images": charged_images if role == "protocol" else 0,
+                            "train_samples_per_s": sps, "b_simple_ema_samples": b_simple})
         self.last = (seen, e1)
         if self.ctx.rank == 0:
             print(f"[tta seed {self.seed}] epoch {seen / n:.2f} samples {seen:,} acc {acc:.4f} train "
-                  f"{sps or 0:,.0f} samples/s clock {e1 - self.t0:.1f} s", flush=True)
+                  f"{sps or 0:,.0f} samples/s clock {self.clock(e1):.1f} s ({role})", flush=True)
 
 
 def absorb(noise, flushed: dict) -> None:
@@ -370,44 +414,69 @@ def absorb(noise, flushed: dict) -> None:
         noise.update_many(flushed["g_small_sq"], flushed["g_big_sq"])
 
 
-def evaluation(ctx: Ctx, tr: Trainer, curve: Curve, seen: int, xt, yt, noise) -> float:
-    """One evaluation: timed between two synchronisations (the training before it is
-    done, the count is read), the probe's steps flushed, the GPU's state sampled."""
+def shard(x: torch.Tensor, rank: int, k: int) -> torch.Tensor:
+    """Rank `rank`'s shard of the test set at k: DistributedSampler's interleaving, unpadded
+    (every image counted once)."""
+    return x[rank::k]
+
+
+def evaluation(ctx: Ctx, tr: Trainer, curve: Curve, seen: int, xt, yt, noise, role: str) -> float:
+    """One evaluation, the test set sharded over the k ranks as a k-GPU job runs it: the
+    pass over this process's first rank's shard and the all-reduce of the counts, timed
+    between two synchronisations (charged to the clock for a protocol evaluation); at an
+    emulated k, this process's other ranks' shards after, off the clock, so the accuracy
+    is the whole test set's. Then the probe's steps flushed and the GPU's state sampled."""
+    k, ranks = layout(ctx)
     sync(ctx.device)
     e0 = time.perf_counter()
-    acc = broadcast_float(ctx, tr.evaluate(xt, yt) if ctx.rank == 0 else 0.0)
+    first = tr.correct(shard(xt, ranks[0], k), shard(yt, ranks[0], k))
+    dist.all_reduce(first)
     sync(ctx.device)
+    e_charged = time.perf_counter()
+    rest = torch.zeros_like(first)
+    for r in ranks[1:]:
+        rest += tr.correct(shard(xt, r, k), shard(yt, r, k))
+    if len(ranks) > 1:
+        dist.all_reduce(rest)
+    total = (first + rest).tolist()          # the one host read
     e1 = time.perf_counter()
+    if total[1] != len(xt):
+        raise RuntimeError(f"evaluation: the shards counted {total[1]} images, the test set has {len(xt)}")
+    acc = total[0] / total[1]
     if tr.probe is not None:
         absorb(noise, tr.probe.flush())
-    sample_gpu(ctx, f"seed {curve.seed} evaluation {len(curve.points) + 1} ({seen} samples)")
-    curve.add(seen, acc, e0, e1, noise.b_simple if noise is not None else None)
+    sample_gpu(ctx, f"seed {curve.seed} evaluation {len(curve.points) + 1} ({seen} samples, {role})")
+    curve.add(seen, acc, role, e0, (e_charged - e0) if role == "protocol" else 0.0, e1,
+              noise.b_simple if noise is not None else None, len(range(ranks[0], len(xt), k)))
     return acc
 
 
 # ---------------------------------------------------------------- one launch
 
 def train(ctx: Ctx, tr: Trainer, curve: Curve, data, noise) -> int:
-    """Train until an evaluation reaches the target or the epoch budget is spent; the samples trained."""
+    """Train until a protocol evaluation reaches the target or the epoch budget is spent;
+    the samples trained."""
     p, scaling = ctx.proto, ctx.spec["config"]["variant"]["lr_scaling"]
     k, ranks = layout(ctx)
     batch, target = p["tta_per_rank_batch"], p["tta_target"]
     x, y, xt, yt = data
     warmup = int(p.get("tta_warmup_epochs", 0) * p["tta_train_images"])
     budget = p["tta_max_epochs"] * p["tta_train_images"]
-    schedule = EvalSchedule(p)
-    seen, epoch, acc = 0, 0, 0.0
-    while acc < target and seen < budget:
+    schedule = EvalSchedule(p, k)
+    seen, epoch, done = 0, 0, False
+    while not done and seen < budget:
         g = torch.Generator().manual_seed(curve.seed * 100_003 + epoch)   # the same order on every rank
         order = epoch_order(torch.randperm(len(x), generator=g).to(ctx.device), k, batch, ranks)
         for idx in order:
             if tr.step(tr.inputs(x[idx]), y[idx], tta.lr_at(scaling, k, seen, warmup)):
                 absorb(noise, tr.probe.flush())
             seen += k * batch
-            if schedule.due(seen, budget):
-                acc = evaluation(ctx, tr, curve, seen, xt, yt, noise)
+            role = schedule.role(seen, budget)
+            if role is not None:
+                acc = evaluation(ctx, tr, curve, seen, xt, yt, noise, role)
                 schedule.done(seen, acc)
-                if acc >= target or seen >= budget:
+                done = (role == "protocol" and acc >= target) or seen >= budget
+                if done:
                     break
         epoch += 1
     return seen
@@ -423,9 +492,10 @@ def trainer(ctx: Ctx, seed: int, tr: Trainer | None = None) -> Trainer:
     p = ctx.proto
     k, ranks = layout(ctx)
     batch = p["tta_per_rank_batch"]
-    capacity = p["tta_eval_every_samples"] // (k * batch) + 2   # the probe's rows between two evaluations
+    gap = min(x for x in (p["tta_eval_every_samples"], p["tta_eval_every_epochs"] * epoch_samples(p, k)) if x)
+    capacity = int(gap) // (k * batch) + 2   # the probe's rows between two evaluations
     tr = Trainer(ctx, seed, len(ranks), batch, step_options(ctx), probe_capacity=capacity)
-    tr.warm_up(ctx, p["tta_image_size"], batch, p["tta_test_images"])
+    tr.warm_up(ctx, p["tta_image_size"], batch, p["tta_test_images"], k)
     return tr
 
 
@@ -461,10 +531,10 @@ def launch_record(ctx: Ctx, seed: int, curve: list[dict], seen: int, noise) -> d
     cost, and the noise scale over the steps before the target."""
     p = ctx.proto
     k = int(ctx.spec["k"])
-    evals = [c["eval_s"] for c in curve]
-    c = crossings.crossing(curve, p["tta_target"], sum(evals) / len(evals), p["tta_train_images"])
+    c = crossings.crossing(curve, p["tta_target"], 0.0, p["tta_train_images"])
     first = c["mlperf"]
     n = p["tta_train_images"]
+    protocol = [pt for pt in curve if pt["role"] == "protocol"]
     rec = {"seed": seed, "converged": first is not None,
            "seconds_to_target": first["seconds"] if first else None,
            "samples_to_target": first["samples"] if first else None,
@@ -473,7 +543,12 @@ def launch_record(ctx: Ctx, seed: int, curve: list[dict], seen: int, noise) -> d
            "interpolated_epochs_to_target": c["epochs"], "crossing_status": c["status"],
            "crossing_bracket_samples": c["bracket_samples"], "crossing_resolution_samples": c["resolution_samples"],
            "crossing_resolution_epochs": c["resolution_samples"] / n if c["resolution_samples"] else None,
-           "eval_s": sum(evals), "evaluations": len(curve), "eval_s_max": max(evals),
+           "eval_s": sum(pt["eval_s"] for pt in curve), "evaluations": len(curve),
+           "eval_s_max": max(pt["eval_s"] for pt in curve),
+           "protocol_evaluations": len(protocol), "instrument_evaluations": len(curve) - len(protocol),
+           "instrument_s": sum(pt["eval_wall_s"] - pt["eval_s"] for pt in curve),
+           "eval_every_epochs": p["tta_eval_every_epochs"], "eval_every_samples_protocol": epoch_samples(p, k)
+           * p["tta_eval_every_epochs"],
            "clock_s": curve[-1]["seconds"], "samples_trained": seen,
            "best_accuracy": max(pt["accuracy"] for pt in curve), "curve": curve}
     steps = first["samples"] // (k * p["tta_per_rank_batch"]) if first else None
@@ -532,7 +607,7 @@ def exp_tta(ctx: Ctx) -> dict:
     return {"lr_rule": ctx.spec["variant"], "lr_scaling": scaling, "lr_base": tta.BASE_LR,
             "lr_peak": tta.lr_at(scaling, k, 1 << 62, 0), "warmup_epochs": p.get("tta_warmup_epochs", 0),
             "target_accuracy": p["tta_target"], "seeds": seeds, "run_id": run_id,
-            "eval_every_samples": p["tta_eval_every_samples"],
+            "eval_every_epochs": p["tta_eval_every_epochs"], "eval_every_samples": p["tta_eval_every_samples"],
             "eval_near_every_samples": p["tta_eval_near_every_samples"],
             "eval_near_margin": p["tta_eval_near_margin"], "max_epochs": p["tta_max_epochs"],
             "train_images": p["tta_train_images"], "test_images": p["tta_test_images"],
@@ -557,11 +632,15 @@ def step_fields(opts: dict | None, runs: list[dict]) -> dict:
 
 
 def eval_fields(runs: list[dict]) -> dict:
-    """The evaluations' cost over every launch: seconds in all, per evaluation, and their
-    share of the MLPerf clock (each launch's clock at its last evaluation)."""
-    n = sum(r["evaluations"] for r in runs)
+    """The evaluations over every launch: the protocol's (charged to the job's clock: seconds
+    in all, per evaluation, their share of the clock) and the instrument's (off it: how many,
+    and the seconds the clock was stopped for them)."""
+    n = sum(r["protocol_evaluations"] for r in runs)
     total, clock = sum(r["eval_s"] for r in runs), sum(r["clock_s"] for r in runs)
-    return {"evaluations_total": n, "eval_s_total": total, "eval_s_per_evaluation": total / n if n else None,
+    return {"evaluations_total": sum(r["evaluations"] for r in runs), "protocol_evaluations_total": n,
+            "instrument_evaluations_total": sum(r["instrument_evaluations"] for r in runs),
+            "instrument_s_total": sum(r["instrument_s"] for r in runs),
+            "eval_s_total": total, "eval_s_per_evaluation": total / n if n else None,
             "eval_s_per_evaluation_max": max((r["eval_s_max"] for r in runs), default=None),
             "eval_share_of_clock": total / clock if clock else None}
 

@@ -572,9 +572,11 @@ def tta_text(machines: list, forecasts: list[dict]) -> str:
                 lines.append(f"  no forecast: {rule['fit_note'] or 'no samples/s at any k'}")
                 continue
             fit, ms = rule["fit"], rule["models"]
+            c = f["clock"]
+            choice = (f"soonest k={c['fastest_k']}, fewest GPU-hours k={c['cheapest_k']} (evaluation on the clock)"
+                      if c["fastest_k"] is not None else f"no soonest k named: {c.get('no_choice_reason') or 'nothing timed'}")
             lines.append(f"  E(B) fit: E_min {fit['E_min']['value'] / n:.2f} epochs, B_crit {fit['B_crit']['value']:.0f} "
-                         f"samples; soonest k={f['clock']['fastest_k']}, fewest GPU-hours k={f['clock']['cheapest_k']} "
-                         f"(evaluation on the clock)")
+                         f"samples; {choice}")
             lines.append("  models: " + ", ".join(f"{name} {w:.0%}" for name, w in f["clock"]["models"].items())
                          + f" ({ms['method']})")
             lines.append(f"    {'k':>4} {'batch':>6} {'epochs [95%]':<21} {'samples':<9} {'samples/s':>9} "

@@ -80,10 +80,11 @@ def predicted_lines(o: dict) -> list[str]:
     """The time-to-accuracy forecast's answer (chapters.answer.opening's): at the measured
     k's after the measurement, soonest k, fewest GPU-hours, the far point, and where the
     evaluation protocol is most of the clock."""
-    from dpscale.report.chapters.answer import dominance_text, models_text
+    from dpscale.report.chapters.answer import dominance_text, models_text, no_soonest_text
     pr, rule = o["predicted"], o["rule"]
     if not pr:
-        return []
+        why = no_soonest_text(o)
+        return [f"  {why}"] if why else []
     fast, cheap, far = pr["soonest"], pr["cheapest"], pr["far"]
     at = [r for r in o["rows"] if r["k"] > 1 and r["point"] and (r["predicted"] or {}).get("speedup") is not None]
     out = [f"  predicted ({rule['rule']} LR, {models_text(pr['models'])}, over samples/s; batches above "

@@ -10,10 +10,11 @@ The chapters (chapters.tta, chapters.answer), the tidy table, the closing summar
 fc being the machine's throughput forecast (report.forecast.of_machine) or None.
 
 One definition of time to accuracy, two forms, everywhere:
-    time to accuracy(k) = samples to target(k) x (1 / samples/s(k) + e)
-with e the evaluation seconds per training sample (the clock never stops; evaluations
-come every fixed number of samples), "evaluation on the clock" (MLPerf's clock), and
-e = 0, "training only". samples to target is the seeds' mean of each seed's crossing
+    time to accuracy(k) = samples to target(k) x (1 / samples/s(k) + e(k))
+with e(k) the seconds per training sample that the protocol's evaluations cost a k-GPU
+job (eval_per_sample: their cadence, the test set sharded over the k ranks, as the
+newest measurement at k timed them; the instrument's evaluations, which only locate the
+crossing, are off the clock), "evaluation on the clock", and e = 0, "training only". samples to target is the seeds' mean of each seed's crossing
 interpolated between the evaluations that bracket it (crossings.crossing; MLPerf's score
 of the first evaluation at or above the target beside it). The speed-up is time at
 k=1 over time at k, its interval Fieller's over the seeds (over_seeds.ratio_over_seeds on
@@ -174,14 +175,29 @@ def noise_of(g: dict) -> dict | None:
     return None
 
 
-def eval_per_sample(points: list[dict]) -> float:
-    """Evaluation seconds per training sample, pooled over every launch of the rule's
-    newest measurements (the evaluation's cost is the code's that runs now): one t10k
-    pass on one device every fixed number of samples, whatever k is."""
-    ev = sum(run.get("eval_s") or 0.0 for p in points for run in p["clock_runs"])
-    n = sum(run.get("samples_trained") or (run.get("curve") or [{}])[-1].get("samples", 0)
-            for p in points for run in p["clock_runs"])
-    return ev / n if n else 0.0
+def eval_per_sample(p: dict) -> float | None:
+    """e(k): seconds per training sample that the protocol's evaluations cost the job at
+    this point's k, from the newest measurement's launches (the code that times it runs
+    now): the seconds charged to their clocks (each protocol evaluation's sharded pass and
+    reduction; the instrument's evaluations charge nothing) over the samples they trained.
+    None for a measurement whose evaluations carry no role (before evaluations were sharded
+    and the instrument's taken off the clock: one unsharded pass on one device, at the
+    instrument's grid, is not what a k-GPU job pays)."""
+    runs = [run for run in p["clock_runs"] if all("role" in pt for pt in run.get("curve") or [{}])]
+    if not runs or len(runs) != len(p["clock_runs"]):
+        return None
+    n = sum(run.get("samples_trained") or run["curve"][-1]["samples"] for run in runs)
+    return sum(pt["eval_s"] for run in runs for pt in run["curve"]) / n if n else None
+
+
+def eval_at(e: dict[int, float | None], k: int) -> float | None:
+    """e(k) where k was measured, else that of the largest measured k below it (a sharded
+    pass measured no faster than that: the forecast claims no gain it did not see); None
+    where none below was."""
+    if e.get(k) is not None:
+        return e[k]
+    below = [j for j in e if j < k and e[j] is not None]
+    return e[max(below)] if below else None
 
 
 # ---------------------------------------------------------------- samples/s at time to accuracy's protocol
@@ -380,11 +396,13 @@ ONE = {"value": 1.0, "lo": None, "hi": None, "method": "the baseline itself"}
 NONE = {"value": None, "lo": None, "hi": None, "method": ""}
 
 
-def timing(p: dict, base: dict | None, e: float, rate: dict | None, rate1: dict | None) -> dict:
+def timing(p: dict, base: dict | None, e: float | None, e1: float | None, rate: dict | None,
+           rate1: dict | None) -> dict:
     """A point's samples/s, time to accuracy (both forms) with intervals, and against
     k=1: statistical efficiency (interpolated; MLPerf's ratio of first-evaluation scores
     beside), speed-up (both forms), hardware and goodput efficiency, and, where both
-    ends ran on real devices, the speed-up of the seeds' own clocks."""
+    ends ran on real devices, the speed-up of the seeds' own clocks. e, e1: e(k) at this
+    point and at k=1 (None: the clock form is not given)."""
     out = {"samples_per_s": None, "samples_per_s_lo": None, "samples_per_s_hi": None, "samples_per_s_level": None,
            "samples_per_s_source": "not measured", "samples_per_s_covers": "", "eval_s_per_sample": e}
     for key in ("time_s", "time_train_s"):
@@ -393,10 +411,10 @@ def timing(p: dict, base: dict | None, e: float, rate: dict | None, rate1: dict 
         out.update(samples_per_s=rate["value"], samples_per_s_lo=rate["lo"], samples_per_s_hi=rate["hi"],
                    samples_per_s_level=rate["level"], samples_per_s_source=rate["source"],
                    samples_per_s_covers=rate.get("covers", ""))
-        for key, c in (("time_s", 1 / rate["value"] + e), ("time_train_s", 1 / rate["value"])):
+        for key, c in (("time_s", None if e is None else 1 / rate["value"] + e), ("time_train_s", 1 / rate["value"])):
             out.update({key: _mul(p["samples"], c), f"{key}_lo": _mul(p["samples_lo"], c),
                         f"{key}_hi": _mul(p["samples_hi"], c)})
-    ratios = _against_base(p, base, e, rate, rate1)
+    ratios = _against_base(p, base, e, e1, rate, rate1)
     for name, r in ratios.items():
         out.update({name: r["value"], f"{name}_lo": r["lo"], f"{name}_hi": r["hi"], f"{name}_method": r["method"]})
     mb, mk = (base or {}).get("mlperf_samples"), p["mlperf_samples"]   # MLPerf's scores (first evaluations)
@@ -413,7 +431,8 @@ def _mul(x, c):
     return None if x is None or c is None else x * c
 
 
-def _against_base(p: dict, base: dict | None, e: float, rate: dict | None, rate1: dict | None) -> dict:
+def _against_base(p: dict, base: dict | None, e: float | None, e1: float | None, rate: dict | None,
+                  rate1: dict | None) -> dict:
     names = ("statistical_efficiency", "speedup", "speedup_train", "clock_speedup")
     if base is None or not base["seeds"] or not p["seeds"]:
         return {n: NONE for n in names}
@@ -422,7 +441,8 @@ def _against_base(p: dict, base: dict | None, e: float, rate: dict | None, rate1
     out = {"statistical_efficiency": _ratio(_per_seed(base), _per_seed(p)), "speedup": NONE, "speedup_train": NONE,
            "clock_speedup": NONE}
     if rate and rate1:
-        out["speedup"] = _ratio(_times(base, 1 / rate1["value"] + e), _times(p, 1 / rate["value"] + e))
+        if e is not None and e1 is not None:
+            out["speedup"] = _ratio(_times(base, 1 / rate1["value"] + e1), _times(p, 1 / rate["value"] + e))
         out["speedup_train"] = _ratio(_times(base, 1 / rate1["value"]), _times(p, 1 / rate["value"]))
     if not p["emulated"] and not base["emulated"]:
         out["clock_speedup"] = _ratio(_per_seed(base, "seconds", "clock_seeds"), _per_seed(p, "seconds", "clock_seeds"))
@@ -522,9 +542,35 @@ def _holdout_fields(h: dict, mc: dict, n_img: int | None) -> dict:
     return out
 
 
-def forecast_of(model: dict | None, ks, per_rank_batch, thr: dict, e: float) -> dict | None:
+def evaluation_counts(p: dict) -> dict:
+    """The newest measurement's evaluations at this point, by role: the protocol's (on the
+    clock: how many, their seconds charged) and the instrument's (off it)."""
+    pts = [pt for run in p["clock_runs"] for pt in run.get("curve") or []]
+    prot = [pt for pt in pts if pt.get("role") == "protocol"]
+    inst = [pt for pt in pts if pt.get("role") == "instrument"]
+    return {"protocol": len(prot), "protocol_s": sum(pt["eval_s"] for pt in prot),
+            "instrument": len(inst), "instrument_s": sum(pt.get("eval_wall_s") or 0.0 for pt in inst),
+            "unlabelled": len(pts) - len(prot) - len(inst),
+            "every_epochs": (p["clock_runs"][0].get("eval_every_epochs") if p["clock_runs"] else None)}
+
+
+def protocol_words(rule: dict) -> str:
+    """How the clock form charges evaluations, from the points' own records: 'evaluation
+    once per epoch, the test set sharded over the k ranks, on the clock; 212 evaluations
+    that only locate the crossing, off it'."""
+    ev = [p.get("evaluations") or {} for p in rule.get("points", [])]
+    every = next((x["every_epochs"] for x in ev if x.get("every_epochs")), None)
+    if every is None:
+        return "evaluations as an older measurement ran them (one device, unsharded): the clock form not given"
+    cadence = "once per epoch" if every == 1 else f"every {every:g} epochs"
+    off = sum(x.get("instrument", 0) for x in ev)
+    return (f"evaluation {cadence}, the test set sharded over the k ranks, on the clock; {off} evaluations "
+            f"that only locate the crossing, off it")
+
+
+def forecast_of(model: dict | None, ks, per_rank_batch, thr: dict, e: dict) -> dict | None:
     """forecast.tta_forecast at every k, both forms, over the models (model_choice.choose's
-    set): {"clock": ..., "train": ...}."""
+    set): {"clock": ..., "train": ...}; e: {k: e(k)} (eval_at)."""
     if model is None or not per_rank_batch or not thr:
         return None
     return {"clock": tta_forecast.tta_forecast(model, ks, int(per_rank_batch), thr, eval_s_per_sample=e),
@@ -545,12 +591,14 @@ def of_rule(m, rule: str, fc: dict | None) -> dict | None:
     pts = [point(k, r, run, recs) for k, (r, run, recs) in sorted(rule_series(m, rule).items()) if ok(r)]
     if not pts:
         return None
-    e = eval_per_sample(pts)
+    measured_e = {p["k"]: eval_per_sample(p) for p in pts}
     ks = sorted({p["k"] for p in pts} | set(grid_ks(fc)))
+    e = {k: eval_at(measured_e, k) for k in ks}
     thr = rates(m, fc, pts, ks, rule)
     base = next((p for p in pts if p["k"] == 1 and p["scored"]), None)
     for p in pts:
-        p.update(timing(p, base, e, thr.get(p["k"]), thr.get(1)), noise_windows=tta_noise.windows(p))
+        p.update(timing(p, base, e.get(p["k"]), e.get(1), thr.get(p["k"]), thr.get(1)),
+                 noise_windows=tta_noise.windows(p), evaluations=evaluation_counts(p))
     model, models, why = fit(pts)
     fcast = forecast_of(models, ks, pts[0]["per_rank_batch"], thr, e)
     return {"rule": rule, "points": pts, "eval_s_per_sample": e, "target": pts[0]["target"],

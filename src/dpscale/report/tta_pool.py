@@ -11,8 +11,8 @@ earlier_paths() is the one place that layout is written down; file_earlier() mov
 machine's measurements there before a re-measurement replaces them.
 
 A point pools its measurements (newest first) when they ran the same protocol (the
-experiment's protocol keys but the seeds, the variant's meaning, the scale and the
-data's source) with seeds no pooled measurement used: a repeated seed starts from the
+experiment's protocol keys but the seeds and when the test set is evaluated, the
+variant's meaning, the scale and the data's source) with seeds no pooled measurement used: a repeated seed starts from the
 same weights and sees the same data order, so its launch is not independent of the
 other's (reference/h200's three measurements before fresh seeds all used seeds 1-5). A
 measurement left out says why. The pooled point's seeds are every pooled launch; its
@@ -83,11 +83,13 @@ def measurements(m, experiment: str, variant: str, k: int) -> list[dict]:
 
 
 def protocol(r: dict) -> tuple:
-    """What must match for two measurements to pool: the protocol's keys but the seeds,
-    the variant's meaning, the scale and the data's source."""
+    """What must match for two measurements to pool: the protocol's keys but the seeds and
+    the evaluation's (registry.TTA_EVALUATION: when the test set is evaluated moves nothing
+    training does), the variant's meaning, the scale and the data's source."""
     e = registry.get(r["experiment"])
-    keys = [x for x in e.protocol_for(r["variant"]) if x != "tta_seeds"] if r["variant"] in e.variant_names() \
-        else sorted((r.get("config") or {}).get("protocol") or {})
+    skip = {"tta_seeds", *registry.TTA_EVALUATION}
+    keys = [x for x in e.protocol_for(r["variant"]) if x not in skip] if r["variant"] in e.variant_names() \
+        else sorted(set((r.get("config") or {}).get("protocol") or {}) - skip)
     proto = (r.get("config") or {}).get("protocol") or {}
     return (tuple((x, repr(proto.get(x))) for x in keys), repr((r.get("config") or {}).get("variant")),
             (r.get("config") or {}).get("scale"), (r.get("data") or {}).get("source"))

@@ -15,6 +15,9 @@ def crossing(curve: list[dict], target: float, eval_seconds: float = 0.0,
         above it), "never" (no evaluation reaches it: right-censored);
       mlperf: the first evaluation at or above the target, as it is ({samples,
         seconds, accuracy, epochs}; None when never) - MLPerf's value, kept unchanged;
+        where the points carry a role, the first *protocol* evaluation at or above it
+        (the instrument's evaluations only locate the crossing; None when no protocol
+        evaluation reached it);
       samples, seconds (and epochs with train_images): the interpolated crossing;
       bracket_samples: [last evaluation below, first at or above] and
       resolution_samples, its width; fraction: where in the bracket it falls;
@@ -43,7 +46,9 @@ def crossing(curve: list[dict], target: float, eval_seconds: float = 0.0,
     evaluation's seconds. 0 (default): plain linear interpolation of the clock.
     Given (a run's eval_s / evaluations), the training time inside the bracket is
     interpolated and one evaluation is added, which is what the clock would have read
-    had an evaluation been placed at the crossing."""
+    had an evaluation been placed at the crossing. Points that carry a role charge
+    their own eval_s instead (a protocol evaluation's sharded pass; 0 for the
+    instrument's, which the clock does not see)."""
     pts = _increasing(curve)
     out = {"target": target, "status": "never", "mlperf": None, "samples": None, "seconds": None, "epochs": None,
            "bracket_samples": None, "resolution_samples": None, "fraction": None,
@@ -53,12 +58,19 @@ def crossing(curve: list[dict], target: float, eval_seconds: float = 0.0,
     if i is None:
         return out
     first = pts[i]
-    out.update(mlperf={k: first[k] for k in ("samples", "seconds", "accuracy")}, censored_samples=None,
-               censored_seconds=None)
-    out["mlperf"]["epochs"] = _epochs(first["samples"], train_images)
+    out.update(censored_samples=None, censored_seconds=None, mlperf=_score(pts[i:], target, train_images))
     out.update(_from_start(first) if i == 0 else _between(pts[i - 1], first, target, eval_seconds))
     out["epochs"] = _epochs(out["samples"], train_images)
     return out
+
+
+def _score(pts: list[dict], target: float, train_images: int | None) -> dict | None:
+    """MLPerf's score: the first protocol evaluation at or above the target (a point with
+    no role is the protocol's), as it is."""
+    score = next((p for p in pts if p["accuracy"] >= target and p.get("role", "protocol") == "protocol"), None)
+    if score is None:
+        return None
+    return {**{k: score[k] for k in ("samples", "seconds", "accuracy")}, "epochs": _epochs(score["samples"], train_images)}
 
 
 def _increasing(curve: list[dict]) -> list[dict]:
@@ -83,6 +95,8 @@ def _from_start(first: dict) -> dict:
 def _between(prev: dict, first: dict, target: float, eval_seconds: float) -> dict:
     """crossing's fields interpolated between the last evaluation below the target and the first at or above."""
     f = (target - prev["accuracy"]) / (first["accuracy"] - prev["accuracy"])   # > 0: prev below, first at/above
+    if "role" in first:   # the clock charged this evaluation its own eval_s (0: the instrument's)
+        eval_seconds = first["eval_s"]
     train_dt = first["seconds"] - prev["seconds"] - eval_seconds
     return {"status": "exact" if first["accuracy"] == target else "interpolated", "fraction": f,
             "samples": prev["samples"] + f * (first["samples"] - prev["samples"]),

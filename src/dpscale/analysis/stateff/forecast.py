@@ -28,7 +28,7 @@ def _throughput_draws(rng, spec: dict, n: int):
 
 
 def tta_forecast(models: dict, ks: Iterable[int], per_rank_batch: int, throughput: dict,
-                 eval_s_per_sample: float = 0.0, level: float = LEVEL, draws: int = 20000, seed: int = 0) -> dict:
+                 eval_s_per_sample: float | dict = 0.0, level: float = LEVEL, draws: int = 20000, seed: int = 0) -> dict:
     """Time to accuracy at each k: predicted samples to target at B = k x per_rank_batch
     over samples/s(k), plus the evaluation time.
 
@@ -37,8 +37,10 @@ def tta_forecast(models: dict, ks: Iterable[int], per_rank_batch: int, throughpu
     throughput: {k: {"value", "lo", "hi", "level", "source"}} (a value and a band at
     `level`, e.g. the scaling forecast's 90% band) or {k: {"draws": [...], "source"}};
     source says where it comes from ("measured", "forecast", ...). eval_s_per_sample:
-    the evaluation time on the clock per training sample (evaluations come every fixed
-    number of samples: a run's eval_s / samples trained), 0 to leave it out.
+    the evaluation time on the clock per training sample (the protocol's evaluations come
+    every fixed number of samples: a run's charged eval_s / samples trained), one number
+    for every k or {k: seconds per sample, None where it is not known: that k untimed};
+    0 to leave it out.
 
     The band is joint, by Monte Carlo: per draw a model by its weight and its
     parameters from the fit's multivariate t (one draw shared by every k, so the k's are
@@ -56,7 +58,8 @@ def tta_forecast(models: dict, ks: Iterable[int], per_rank_batch: int, throughpu
     samples_per_s_hi, samples_per_s_input, time_s, time_s_lo, time_s_hi, gpu_hours (k x
     time), gpu_hours_lo, gpu_hours_hi, speedup (time at k=1 / time at k, when k=1 is
     among ks with a samples/s) with speedup_lo, speedup_hi, p_fastest,
-    p_fastest_by_model, p_cheapest], "fastest_k", "cheapest_k" (at the point values),
+    p_fastest_by_model, p_cheapest], "fastest_k", "cheapest_k" (at the point values; None
+    with "no_choice_reason" where k=1 and another k are not both timed),
     "models" ({name: weight}), "model_method", "level", "draws", "covers", "method"}."""
     import numpy as np
     s = model_choice.as_set(models)
@@ -64,24 +67,35 @@ def tta_forecast(models: dict, ks: Iterable[int], per_rank_batch: int, throughpu
     rng = np.random.default_rng(seed)
     batches = [k * per_rank_batch for k in ks]
     expected, which = model_choice.draw_expected(s, batches, rng, draws)
-    rows, times = [], {}
+    rows, times, no_eval = [], {}, set()
     for i, k in enumerate(ks):
         e_d, mf = model_choice.misfit_band(expected[:, i], batches[i], s, rng)
         row = _untimed_row(k, batches[i], s, e_d, level)
         row.update(misfit_rel_sd=mf and mf["rel_sd"], misfit_source=mf and mf["source"])
-        spec = throughput.get(k)
+        spec, e_k = throughput.get(k), _eval_at(eval_s_per_sample, k)
         if spec and spec.get("value", spec.get("draws")) is not None:
-            timing, times[k] = _time_to_target(k, row["samples"], e_d, spec, eval_s_per_sample, level, rng)
-            row.update(timing)
+            if e_k is None:
+                no_eval.add(k)
+            else:
+                timing, times[k] = _time_to_target(k, row["samples"], e_d, spec, e_k, level, rng)
+                row.update(timing)
         rows.append(row)
     _compare_ks(rows, times, level, which)
-    return {"rows": rows, "fastest_k": _best_k(rows, "time_s"), "cheapest_k": _best_k(rows, "gpu_hours"),
+    why = _no_choice(rows, no_eval)
+    return {"rows": rows, "fastest_k": None if why else _best_k(rows, "time_s"),
+            "cheapest_k": None if why else _best_k(rows, "gpu_hours"), "no_choice_reason": why,
             "models": {model_choice.NAMES[n]: w for n, w in s["weights"].items()}, "model_method": s["method"],
             "level": level, "draws": draws,
-            "covers": f"{SEEDS} (samples to target), the choice of model and the between-batch misfit; the "
-                      "throughput band as given",
-            "method": "Monte Carlo: a model per draw by its weight, its coefficients from its fit, and samples/s(k), "
-                      "drawn independently; percentile bands"}
+            "covers": COVERS, "method": METHOD}
+
+
+COVERS = f"{SEEDS} (samples to target), the choice of model and the between-batch misfit; the throughput band as given"
+METHOD = ("Monte Carlo: a model per draw by its weight, its coefficients from its fit, and samples/s(k), drawn "
+          "independently; percentile bands")
+
+
+def _eval_at(eval_s_per_sample: float | dict, k: int) -> float | None:
+    return eval_s_per_sample.get(k) if isinstance(eval_s_per_sample, dict) else eval_s_per_sample
 
 
 def _untimed_row(k: int, batch: int, s: dict, samples_d, level: float) -> dict:
@@ -137,6 +151,20 @@ def _compare_ks(rows: list[dict], times: dict, level: float, which) -> None:
             lo, hi = percentiles(times[1] / times[k], level)
             r1 = next(r for r in rows if r["k"] == 1)
             r.update(speedup=r1["time_s"] / r["time_s"], speedup_lo=lo, speedup_hi=hi)
+
+
+def _no_choice(rows: list[dict], no_eval: set) -> str:
+    """Why no k can be named soonest or cheapest ('' where one can): a choice compares k=1
+    with at least one other k, each timed (a samples/s to divide by, and the evaluation's
+    cost per sample where it is charged: no_eval, the k's without it)."""
+    timed = [r["k"] for r in rows if r["time_s"] is not None]
+    if 1 not in timed and 1 in no_eval:
+        return "the evaluation's cost at k=1 was not measured as a job pays it"
+    if 1 not in timed:
+        return "no samples/s at k=1: nothing to compare the other k's with"
+    if len(timed) < 2:
+        return "samples/s at k=1 alone: no other k to compare it with"
+    return ""
 
 
 def _best_k(rows: list[dict], key: str) -> int | None:

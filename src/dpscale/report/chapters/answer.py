@@ -75,7 +75,7 @@ def _predicted(rule: dict | None, rows: list[dict]) -> dict | None:
     nodes = (rule["rates"].get(far["k"]) or {}).get("nodes", 1)
     return {"soonest": at.get(c["fastest_k"]) or next(r for r in rows if r["k"] == c["fastest_k"]),
             "cheapest": next(r for r in rows if r["k"] == c["cheapest_k"]), "far": far, "far_nodes": nodes,
-            "extrapolated_above": max(rule["measured_batches"], default=0), "models": c.get("models"),
+            "extrapolated_above": max(rule["measured_batches"], default=0), "models": c.get("models"), "rule": rule,
             "eval_dominates": [r for r in at.values() if (r["predicted_eval_share"] or 0) > EVAL_DOMINATES]}
 
 
@@ -104,8 +104,11 @@ def tta_text(p: dict, share: float | None) -> str:
     """The measured time-to-accuracy speed-up, training and evaluation apart."""
     if not p["scored"]:
         return f"time to accuracy: {no_score_text(p)}"
-    if p.get("speedup") is None:
+    if p.get("speedup_train") is None:
         return "time to accuracy: samples/s not measured at this k"
+    if p.get("speedup") is None:
+        return (f"time to accuracy {x_text(p, 'speedup_train')} {tta.TRAIN}; with {tta.CLOCK}: not measured "
+                f"(this k's evaluations were not timed as a k-GPU job runs them)")
     return (f"time to accuracy {x_text(p, 'speedup_train')} {tta.TRAIN}, {x_text(p, 'speedup')} with "
             f"{tta.CLOCK} ({p['time_train_s']:.1f} s training + {p['time_s'] - p['time_train_s']:.1f} s "
             f"evaluation, {pct(share)} of it)")
@@ -152,9 +155,16 @@ def dominance_text(pr: dict) -> str:
         return ""
     at = {r["k"]: r for r in dom}
     named = [at[k] for k in sorted({dom[0]["k"], 8, pr["far"]["k"]}) if k in at]
-    return (f"the evaluation protocol (one t10k pass on one device, every fixed number of samples) is most of the "
+    return (f"the evaluation protocol ({tta.protocol_words(pr['rule'])}) is most of the "
             f"predicted clock from k={dom[0]['k']} on (" + ", ".join(f"k={r['k']} {pct(r['predicted_eval_share'])}"
                                                          for r in named) + ")")
+
+
+def no_soonest_text(o: dict) -> str:
+    """Why the forecast names no soonest k, where it was made but could not compare k=1
+    with another k ('' otherwise): a missing input said, never answered."""
+    why = ((((o["rule"] or {}).get("forecast") or {}).get("clock") or {}).get("no_choice_reason"))
+    return f"predicted: no soonest k named ({why})" if why else ""
 
 
 def predicted_text(o: dict) -> str | None:
@@ -184,8 +194,8 @@ def headline(o: dict) -> str:
         f"{x_text(r['point'], 'speedup_train')} {tta.TRAIN}, {x_text(r['point'], 'speedup')} with {tta.CLOCK}"
         if r["point"]["scored"] else no_score_text(r["point"])) for r in ks)
     pr = o["predicted"]
-    return (f"{who(m)}, to {rule['target']:.0%} test accuracy ({rule['rule']} LR; {step_words(o)}): time to accuracy "
-            f"against k=1, measured: {done}" + (f"; predicted soonest: k={pr['soonest']['k']} (in "
+    return (f"{who(m)}, to {rule['target']:.0%} test accuracy ({rule['rule']} LR; {step_words(o)}; "
+            f"{tta.protocol_words(rule)}): time to accuracy against k=1, measured: {done}" + (f"; predicted soonest: k={pr['soonest']['k']} (in "
                                                 f"{pr['soonest']['predicted']['p_fastest']:.0%} of the draws)"
                                                 if pr else "") + caveat(m))
 
@@ -222,7 +232,7 @@ def lines(data: ReportData) -> list[str]:
             continue
         out.append(headline(o))
         out += [f"{who(m)} {k_text(r)}" for r in ks]
-        out += [f"{who(m)} {t}" for t in [predicted_text(o)] if t]
+        out += [f"{who(m)} {t}" for t in [predicted_text(o) or no_soonest_text(o)] if t]
     for m in (m for m in data.machines if all(m is not x for x in mine)):
         rows = [r for r in opening(data, m)["rows"] if r["k"] > 1 and (r["throughput"] or {}).get("source")
                 == "measured"]
