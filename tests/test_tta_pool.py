@@ -1,10 +1,10 @@
 """dpscale.report.tta_pool: a kept machine's measurements of a time-to-accuracy point,
-pooled when independent. On a copy of reference/h200 (its latest measurement in runs/,
-on fresh seeds; three earlier ones in earlier/, all with seeds 1-5): the latest pools
-with the newest of the three, the two older ones are shown and left out, and the
-chapter says why; then another re-measurement with fresh seeds arrives (the latest
-filed under earlier/ by file_earlier), and it pools with both, every repeat still left
-out; a measurement of another protocol is never pooled."""
+pooled. On a copy of reference/h200 (its latest measurement in runs/, on fresh seeds;
+three earlier ones in earlier/, all with seeds 1-5): all four pool, each of seeds 1-5
+counted once as the mean of its three launches (never one measurement picked), and the
+chapter says so; then another re-measurement with fresh seeds arrives (the latest filed
+under earlier/ by file_earlier), and it pools with them; a measurement of another
+protocol is never pooled, one that differs only in when it evaluated is."""
 from __future__ import annotations
 
 import json
@@ -36,15 +36,28 @@ def _rule(folder):
     return tta.of_rule(machines.load_reference(folder), "book", None)
 
 
-def test_measurements_with_the_same_seeds_are_shown_not_pooled(kept):
+def test_measurements_that_reused_seeds_are_averaged_per_seed_never_one_picked(kept):
+    from dpscale.analysis.stateff import crossings
     rule = _rule(kept)
     for p in rule["points"]:
         fresh = json.loads((kept / "runs" / "ddp_tta" / "book" / f"k{p['k']}.json").read_text())["metrics"]["seeds"]
         assert len(set(fresh)) == 5 and not set(fresh) & {1, 2, 3, 4, 5}
         assert [x["label"] for x in p["measurements"]] == ["latest (runs/)", "7aa3da0", "5a04905", "aa73e51"]
-        assert [x["pooled"] for x in p["measurements"]] == [True, True, False, False]
-        assert all("seeds 1, 2, 3, 4, 5 repeat" in x["why"] for x in p["measurements"][2:])
-        assert sorted(s["seed"] for s in p["seeds"]) == sorted([1, 2, 3, 4, 5, *fresh])
+        assert [x["pooled"] for x in p["measurements"]] == [True, True, True, True]
+        assert not p["measurements"][1]["averaged"]
+        assert all("seeds 1, 2, 3, 4, 5 repeat" in x["averaged"] for x in p["measurements"][2:])
+        assert sorted(s["seed"] for s in p["seeds"]) == sorted([1, 2, 3, 4, 5, *fresh])   # each seed once
+        rows = {s["seed"]: s for s in p["seeds"]}
+        for seed in (1, 2, 3, 4, 5):
+            assert rows[seed]["launches"] == 3
+            each = []   # the seed's crossing in each measurement, read off that file alone
+            for label in ("7aa3da0", "5a04905", "aa73e51"):
+                r = json.loads((kept / "earlier" / label / "ddp_tta" / "book" / f"k{p['k']}.json").read_text())
+                run = next(x for x in r["metrics"]["runs"] if x["seed"] == seed)
+                each.append(crossings.crossing(run["curve"], p["target"])["samples"])
+            assert None not in each and len(set(each)) > 1
+            assert rows[seed]["samples"] == pytest.approx(sum(each) / 3)
+        assert p["samples"] == pytest.approx(sum(s["samples"] for s in p["seeds"]) / 10)
     assert tta_pool.earlier_paths(kept / "runs", "ddp_tta", "book", 2) == [
         kept / "earlier" / label / "ddp_tta" / "book" / "k2.json" for label in ("5a04905", "7aa3da0", "aa73e51")]
 
@@ -72,14 +85,13 @@ def test_a_remeasurement_with_fresh_seeds_pools_with_the_newest_independent_one(
         recs = {x["label"]: x for x in p["measurements"]}
         assert [x["label"] for x in p["measurements"]] == ["latest (runs/)", "8b13861", "7aa3da0", "5a04905",
                                                            "aa73e51"]
-        assert recs["latest (runs/)"]["pooled"] and recs["8b13861"]["pooled"] and recs["7aa3da0"]["pooled"]
-        assert not recs["5a04905"]["pooled"] and not recs["aa73e51"]["pooled"]
+        assert all(x["pooled"] for x in recs.values())
         assert sorted(s["seed"] for s in p["seeds"]) == sorted([1, 2, 3, 4, 5, 11, 12, 13, 14, 15,
                                                                *recs["8b13861"]["seeds"]])
         assert [s["seed"] for s in p["clock_seeds"]] == [11, 12, 13, 14, 15]   # the clock: the newest's own
         assert p["samples_lo"] < p["samples"] < p["samples_hi"]
         assert before[p["k"]]["epochs"] != p["epochs"]
-    assert rule["fit"]["n"] == 60
+    assert rule["fit"]["n"] == 60   # 15 seeds at each of the four k, seeds 1-5 once each
 
 
 def test_another_protocol_is_never_pooled(kept):
@@ -87,3 +99,11 @@ def test_another_protocol_is_never_pooled(kept):
     for p in _rule(kept)["points"]:
         assert [x["pooled"] for x in p["measurements"]] == [True, False, False, False, False]
         assert p["measurements"][1]["why"] == "another protocol than the latest's"
+
+
+def test_a_measurement_that_differs_only_in_when_it_evaluated_pools(kept):
+    """registry.TTA_EVALUATION: the evaluation's cadence and the instrument's grid move
+    nothing training does, so such a measurement pools; the clock is the newest's own."""
+    _remeasured(kept, tta_eval_every_epochs=1, tta_eval_every_samples=20000)
+    for p in _rule(kept)["points"]:
+        assert all(x["pooled"] for x in p["measurements"])

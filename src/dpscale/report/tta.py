@@ -120,7 +120,8 @@ def point(k: int, r: dict, run: str, recs: list[dict] | None = None) -> dict:
     measurement's record (tta_pool.pool)."""
     g = _m(r)
     n_img, target = train_images(g), g.get("target_accuracy")
-    seeds = crossings.seed_rows(g.get("runs") or [], target, n_img, eval_correction=True) if target else []
+    seeds = crossings.per_seed(crossings.seed_rows(g.get("runs") or [], target, n_img, eval_correction=True)) \
+        if target else []
     clock_runs = r.get("clock_runs") or g.get("runs") or []
     clock_seeds = crossings.seed_rows(clock_runs, target, n_img, eval_correction=True) if target else []
     est = estimate([s["samples"] for s in seeds])
@@ -154,7 +155,8 @@ def measurement_rows(recs: list[dict], target, n_img) -> list[dict]:
         rows = crossings.seed_rows(g.get("runs") or [], target, n_img, eval_correction=True) if target else []
         est = estimate([s["samples"] for s in rows])
         ep = (lambda v: v / n_img if v is not None and n_img else None)
-        out.append({k: x[k] for k in ("label", "path", "commit", "finished_utc", "seeds", "run_id", "pooled", "why")}
+        out.append({k: x.get(k, "") for k in ("label", "path", "commit", "finished_utc", "seeds", "run_id", "pooled",
+                                                "why", "averaged")}
                    | {"epochs": ep(est["value"]), "epochs_lo": ep(est["lo"]), "epochs_hi": ep(est["hi"]),
                       "samples": [s["samples"] for s in rows]})
     return out

@@ -12,10 +12,10 @@ machine's measurements there before a re-measurement replaces them.
 
 A point pools its measurements (newest first) when they ran the same protocol (the
 experiment's protocol keys but the seeds and when the test set is evaluated, the
-variant's meaning, the scale and the data's source) with seeds no pooled measurement used: a repeated seed starts from the
-same weights and sees the same data order, so its launch is not independent of the
-other's (reference/h200's three measurements before fresh seeds all used seeds 1-5). A
-measurement left out says why. The pooled point's seeds are every pooled launch; its
+variant's meaning, the scale and the data's source) A repeated seed starts from the same weights and sees the same data order, so its
+launches are not independent of each other (reference/h200's three measurements before
+fresh seeds all used seeds 1-5): such a seed counts once, the mean of its launches,
+never one of them picked. A measurement left out says why. The pooled point's seeds are every pooled launch; its
 clock (seconds, evaluation cost, samples/s of its own launches) stays the newest
 measurement's, since the code that times it changes between measurements.
 """
@@ -102,30 +102,51 @@ def _seeds(r: dict) -> list:
 def pool(found: list[dict]) -> tuple[dict | None, list[dict]]:
     """(the pooled result, one record per measurement) from measurements(), newest first.
     Each record: {"label", "path", "commit", "finished_utc", "seeds", "run_id", "pooled",
-    "why"}; the pooled result is the newest's with its runs, seeds and MLPerf scores those
-    of every pooled measurement, "clock_runs" the newest's alone, and "pooled_from"."""
+    "why", "averaged"}; the pooled result is the newest's with its runs those of every
+    pooled measurement (a seed that several measurements ran appears once per run; its
+    seed row is their mean, crossings.per_seed, never one of them picked), its seeds and
+    MLPerf scores per seed, "clock_runs" the newest's alone, and "pooled_from"."""
     if not found:
         return None, []
     newest, used, kept, recs = found[0], set(), [], []
     for r in found:
         seeds = _seeds(r)
-        why = ("" if protocol(r) == protocol(newest) else "another protocol than the latest's")
-        rep = sorted(used & set(seeds))
-        if not why and rep:
-            why = f"seeds {', '.join(map(str, rep))} repeat a newer pooled measurement's: not independent"
+        why = "" if protocol(r) == protocol(newest) else "another protocol than the latest's"
+        rep = sorted(used & set(seeds)) if not why else []
         if not why:
             used |= set(seeds)
             kept.append(r)
         recs.append({"label": r.get("_label"), "path": r.get("_path"), "commit": (r.get("code") or {}).get("commit"),
                      "finished_utc": r.get("finished_utc"), "seeds": seeds,
-                     "run_id": (r.get("metrics") or {}).get("run_id"), "pooled": not why, "why": why, "result": r})
+                     "run_id": (r.get("metrics") or {}).get("run_id"), "pooled": not why, "why": why,
+                     "averaged": (f"seeds {', '.join(map(str, rep))} repeat a newer pooled measurement's: each such "
+                                  "seed is the mean of its launches (a repeated seed is not independent)") if rep else "",
+                     "result": r})
     if len(kept) == 1:
         return {**newest, "clock_runs": newest["metrics"]["runs"], "pooled_from": [recs[0]["label"]]}, recs
     runs = [run for r in kept for run in r["metrics"]["runs"]]
-    metrics = {**newest["metrics"], "runs": runs, "seeds": [run["seed"] for run in runs],
-               **tta_rules.score_fields(runs), "noise_scale": _start_window(runs)}
+    seeds = list(dict.fromkeys(run["seed"] for run in runs))
+    metrics = {**newest["metrics"], "runs": runs, "seeds": seeds,
+               **tta_rules.score_fields(per_seed_scores(runs)), "noise_scale": _start_window(runs)}
     return {**newest, "metrics": metrics, "clock_runs": newest["metrics"]["runs"],
             "pooled_from": [x["label"] for x in recs if x["pooled"]]}, recs
+
+
+def per_seed_scores(runs: list[dict]) -> list[dict]:
+    """One record per seed for MLPerf's scoring (tta.score_fields): a seed several pooled
+    measurements ran is their mean, converged only where every one of its launches was."""
+    by: dict = {}
+    for run in runs:
+        by.setdefault(run["seed"], []).append(run)
+    out = []
+    for seed, group in by.items():
+        conv = all(g["converged"] for g in group)
+        rec = {"seed": seed, "converged": conv, "launches": len(group)}
+        for m in (*tta_rules.MEASURES, *tta_rules.INTERPOLATED):
+            vals = [g.get(f"{m}_to_target") for g in group]
+            rec[f"{m}_to_target"] = sum(vals) / len(vals) if conv and None not in vals else None
+        out.append(rec)
+    return out
 
 
 def _start_window(runs: list[dict]) -> dict | None:

@@ -123,3 +123,28 @@ def seed_rows(runs: list[dict], target: float, train_images: int | None = None,
                      "best_accuracy": c["best_accuracy"], "censored_samples": c["censored_samples"]})
     return rows
 
+
+
+def per_seed(rows: list[dict]) -> list[dict]:
+    """seed_rows with a seed that several measurements ran collapsed to one row, the mean
+    of its launches (converged only where every launch was; its values then the means),
+    in the order seeds first appear; "launches" says how many. A repeated seed is one
+    seed, not several independent ones."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r["seed"], []).append(r)
+    out = []
+    for seed, group in by.items():
+        if len(group) == 1:
+            out.append({**group[0], "launches": 1})
+            continue
+        conv = all(g["converged"] for g in group)
+        row = {**group[0], "converged": conv, "launches": len(group),
+               "status": "mean of " + ", ".join(g["status"] for g in group)}
+        for key in ("mlperf_samples", "mlperf_epochs", "mlperf_seconds", "samples", "epochs", "seconds",
+                    "resolution_samples", "best_accuracy"):
+            vals = [g[key] for g in group]
+            row[key] = sum(vals) / len(vals) if None not in vals and (conv or key == "best_accuracy") else None
+        row["censored_samples"] = None if conv else max(g["censored_samples"] or 0 for g in group)
+        out.append(row)
+    return out
