@@ -20,28 +20,35 @@ H200 = ROOT / "reference" / "h200"
 KS = (1, 2, 4, 8)
 
 
+EVALUATION = {"tta_eval_every_epochs", "tta_eval_every_samples", "tta_eval_near_every_samples", "tta_eval_near_margin"}
+
+
 def pooled(k):
     """runs/'s measurement with every earlier one (earlier/<label>/) of the same protocol
-    whose seeds no newer kept one used, newest first: their launches in that order."""
+    (when it evaluated aside), newest first: their launches in that order."""
     found = [json.loads(p.read_text()) for p in [H200 / f"runs/ddp_tta/book/k{k}.json",
                                                  *H200.glob(f"earlier/*/ddp_tta/book/k{k}.json")]]
     found.sort(key=lambda r: r["finished_utc"], reverse=True)
 
     def proto(r):
-        return {x: v for x, v in r["config"]["protocol"].items() if x != "tta_seeds"}
-    used, runs = set(), []
-    for r in found:
-        seeds = {run["seed"] for run in r["metrics"]["runs"]}
-        if proto(r) == proto(found[0]) and not seeds & used:
-            used |= seeds
-            runs += r["metrics"]["runs"]
+        return {x: v for x, v in r["config"]["protocol"].items() if x != "tta_seeds" and x not in EVALUATION}
+    runs = [run for r in found if proto(r) == proto(found[0]) for run in r["metrics"]["runs"]]
     return {**found[0]["metrics"], "runs": runs}
+
+
+def by_seed(runs, value):
+    """value(run) averaged over the launches of each seed, in the order seeds first appear
+    (a seed several measurements ran counts once)."""
+    groups = {}
+    for r in runs:
+        groups.setdefault(r["seed"], []).append(value(r))
+    return [sum(v) / len(v) for v in groups.values()]
 
 
 @pytest.fixture(scope="module")
 def results():
     out = {k: pooled(k) for k in KS}
-    assert all(len(m["runs"]) == 10 for m in out.values())   # today: the fresh seeds and 7aa3da0's 1-5
+    assert all(len({r["seed"] for r in m["runs"]}) == 10 for m in out.values())   # the fresh seeds and 1-5
     return out
 
 
@@ -64,7 +71,7 @@ def crossing(curve, target, each_eval_s):
 
 
 def samples_of(m):
-    return [crossing(r["curve"], m["target_accuracy"], r["eval_s"] / r["evaluations"])[0] for r in m["runs"]]
+    return by_seed(m["runs"], lambda r: crossing(r["curve"], m["target_accuracy"], r["eval_s"] / r["evaluations"])[0])
 
 
 def fieller(a, b, va, vb, df, level=0.95):
@@ -83,8 +90,8 @@ def test_each_seeds_crossing_and_each_points_samples_to_target(results, rule):
         half = sps.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
         assert (pts[k]["samples"], pts[k]["samples_lo"], pts[k]["samples_hi"]) == pytest.approx(
             (x.mean(), x.mean() - half, x.mean() + half), rel=1e-12)
-        first = sorted(next(c["samples"] for c in r["curve"] if c["accuracy"] >= m["target_accuracy"])
-                       for r in m["runs"])
+        first = sorted(by_seed(m["runs"], lambda r: next(c["samples"] for c in r["curve"]
+                                                         if c["accuracy"] >= m["target_accuracy"])))
         assert pts[k]["mlperf_samples"] == pytest.approx(np.mean(first[1:-1]))   # drop the fastest and the slowest
 
 
@@ -106,7 +113,7 @@ def test_statistical_efficiency_is_fiellers_over_the_seeds(results, rule):
 def test_the_line_and_the_power_law_over_every_seed(results, rule):
     """The line by least squares with weights 1 / E(B)^2 iterated to convergence, B_crit
     = a / b; the power law by numpy.polyfit on the logs."""
-    x = np.array([m["global_batch"] for m in results.values() for _ in m["runs"]], float)
+    x = np.array([m["global_batch"] for m in results.values() for _ in samples_of(m)], float)
     y = np.array([v for m in results.values() for v in samples_of(m)])
     X = np.column_stack([np.ones_like(x), x])
     w = np.ones_like(x)
@@ -156,8 +163,34 @@ def test_the_reports_reading_keeps_the_workers_records(results, rule):
     pts = {p["k"]: p for p in rule["points"]}
     assert sorted(pts) == list(KS) and all(pts[k]["emulated"] for k in (2, 4, 8))
     for k, p in pts.items():
-        assert [s["mlperf_samples"] for s in p["seeds"]] == [r["samples_to_target"] for r in results[k]["runs"]]
+        assert [s["mlperf_samples"] for s in p["seeds"]] == pytest.approx(
+            by_seed(results[k]["runs"], lambda r: r["samples_to_target"]), rel=1e-12)
         assert all(s["samples"] <= s["mlperf_samples"] for s in p["seeds"] if s["converged"])
     forward = {h["k"]: h for h in rule["holdout"] if h["check"] == "forward"}
     assert forward[4]["from_ks"] == [1, 2] and forward[8]["from_ks"] == [1, 2, 4]
     assert all(h["inside_band"] and h["band_lo"] < h["predicted_epochs"] < h["band_hi"] for h in rule["holdout"])
+
+
+def test_e_is_the_protocols_sharded_evaluations_recomputed_from_each_record(rule):
+    """e(k), the evaluation seconds per training sample on the clock, recomputed from the
+    newest measurement's per-evaluation records: only the protocol's evaluations charge
+    the clock, each the pass over one rank's shard (test_images / k images, k emulated or
+    not) and the reduction; the instrument's, which only locate the crossing, charge
+    nothing. Fails where a refinement evaluation is charged or the pass is not sharded."""
+    pts = {p["k"]: p for p in rule["points"]}
+    for k in KS:
+        m = json.loads((H200 / f"runs/ddp_tta/book/k{k}.json").read_text())["metrics"]
+        evals = [pt for run in m["runs"] for pt in run["curve"]]
+        protocol = [pt for pt in evals if pt["role"] == "protocol"]
+        instrument = [pt for pt in evals if pt["role"] == "instrument"]
+        assert protocol and instrument and len(protocol) + len(instrument) == len(evals)
+        assert all(pt["eval_s"] == 0 and pt["eval_images"] == 0 for pt in instrument)
+        assert all(pt["eval_images"] == len(range(0, m["test_images"], k)) and pt["eval_s"] > 0 for pt in protocol)
+        # the protocol's cadence: once per epoch of this k (whole global batches), and at the first at or above the target
+        epoch = (m["train_images"] // m["global_batch"]) * m["global_batch"]
+        for run in m["runs"]:
+            marks = [pt["samples"] for pt in run["curve"] if pt["role"] == "protocol"]
+            assert marks == [epoch * (i + 1) for i in range(len(marks))], (k, marks)
+        e = sum(pt["eval_s"] for pt in protocol) / sum(run["samples_trained"] for run in m["runs"])
+        assert pts[k]["eval_s_per_sample"] == pytest.approx(e, rel=1e-12)
+        assert rule["eval_s_per_sample"][k] == pytest.approx(e, rel=1e-12)
