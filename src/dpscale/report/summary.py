@@ -149,6 +149,10 @@ def text(data, html_path) -> str:
            "trained with, forecast: its band; time to accuracy = samples to target x (1 / samples/s + evaluation "
            "per sample): training only, then with the evaluation on the clock and its share; chapter 'Will k "
            "GPUs train sooner?')", ""]
+    if data.current is not None:
+        from dpscale.report.chapters.answer import opening, verdict_text
+        first = verdict_text(opening(data, data.current))
+        out += [first, ""] if first else []
     for m in data.machines:
         block = machine_lines(data, m) or ([f"{m.label}: {m.hardware}, {m.scale} scale: no speed-up yet (needs k=1 "
                                             "and a larger k)"] if m is data.current else [])

@@ -158,7 +158,7 @@ def measurement_rows(recs: list[dict], target, n_img) -> list[dict]:
         out.append({k: x.get(k, "") for k in ("label", "path", "commit", "finished_utc", "seeds", "run_id", "pooled",
                                                 "why", "averaged")}
                    | {"epochs": ep(est["value"]), "epochs_lo": ep(est["lo"]), "epochs_hi": ep(est["hi"]),
-                      "samples": [s["samples"] for s in rows]})
+                      "samples": [s["samples"] for s in rows], "seed_rows": rows})
     return out
 
 
@@ -385,6 +385,43 @@ def _ratio(base: list, other: list) -> dict:
     return {"value": r["value"], "lo": r["ci_lo"], "hi": r["ci_hi"], "method": r["method"]}
 
 
+def verdict(lo: float | None, hi: float | None) -> str:
+    """A speed-up's reading at its interval's level: 'sooner' (the whole interval above 1),
+    'later' (below 1), 'not distinguishable' (it holds 1), 'no interval'."""
+    if lo is None or hi is None:
+        return "no interval"
+    return "sooner" if lo > 1 else "later" if hi < 1 else "not distinguishable"
+
+
+def measurement_verdicts(pts: list[dict], e: dict, thr: dict) -> None:
+    """Each pooled measurement's own speed-up at each k (its seeds at k against its own
+    seeds at k=1, both forms) and its verdict, beside the pool's: into each point's
+    measurement rows (speedup, speedup_lo, speedup_hi, verdict; _train the same), and the
+    point's `verdicts_disagree` (the labels whose verdict is not the pool's)."""
+    base = next((p for p in pts if p["k"] == 1), None)
+    own1 = {x["label"]: x for x in (base or {}).get("measurements", [])}
+    r1 = (thr.get(1) or {}).get("value")
+    for p in pts:
+        rk = (thr.get(p["k"]) or {}).get("value")
+        for x in p["measurements"]:
+            b = own1.get(x["label"])
+            for form, add in (("", e.get(p["k"])), ("_train", 0.0)):
+                add1 = e.get(1) if form == "" else 0.0
+                if p["k"] == 1 or b is None or not rk or not r1 or add is None or add1 is None:
+                    x.update({f"speedup{form}": None, f"speedup{form}_lo": None, f"speedup{form}_hi": None,
+                              f"verdict{form}": "not measured"})
+                    continue
+                r = _ratio(_times({"seeds": b["seed_rows"]}, 1 / r1 + add1), _times({"seeds": x["seed_rows"]}, 1 / rk + add))
+                x.update({f"speedup{form}": r["value"], f"speedup{form}_lo": r["lo"], f"speedup{form}_hi": r["hi"],
+                          f"verdict{form}": verdict(r["lo"], r["hi"])})
+        p["verdict"] = verdict(p.get("speedup_lo"), p.get("speedup_hi")) if p.get("speedup") is not None else \
+            "not measured"
+        p["verdict_train"] = verdict(p.get("speedup_train_lo"), p.get("speedup_train_hi")) \
+            if p.get("speedup_train") is not None else "not measured"
+        p["verdicts_disagree"] = [x["label"] for x in p["measurements"] if x["pooled"] and x.get("verdict")
+                                  not in (None, "not measured", p["verdict"])]
+
+
 def _per_seed(p: dict, key: str = "samples", seeds: str = "seeds") -> list:
     return [s[key] if s["converged"] else None for s in p[seeds]]
 
@@ -601,6 +638,7 @@ def of_rule(m, rule: str, fc: dict | None) -> dict | None:
     for p in pts:
         p.update(timing(p, base, e.get(p["k"]), e.get(1), thr.get(p["k"]), thr.get(1)),
                  noise_windows=tta_noise.windows(p), evaluations=evaluation_counts(p))
+    measurement_verdicts(pts, e, thr)
     model, models, why = fit(pts)
     fcast = forecast_of(models, ks, pts[0]["per_rank_batch"], thr, e)
     return {"rule": rule, "points": pts, "eval_s_per_sample": e, "target": pts[0]["target"],

@@ -186,6 +186,32 @@ def predicted_text(o: dict) -> str | None:
                "the scaling" if dom else ""))
 
 
+def verdict_text(o: dict) -> str | None:
+    """This machine's verdict per k, read off the numbers it states: 'sooner', 'not
+    distinguishable' or 'later' at 95% on the pool of every measurement (evaluation on the
+    clock as the job pays it; training only where that form is not measured), each
+    measurement whose own verdict differs named; None without a measured k >= 2."""
+    rule = o["rule"]
+    ks = [r["point"] for r in o["rows"] if r["k"] > 1 and r["point"] and r["point"]["scored"]]
+    if not rule or not ks:
+        return None
+    clock = all(p.get("speedup") is not None for p in ks)
+    key, form = ("speedup", tta.CLOCK) if clock else ("speedup_train", tta.TRAIN)
+    parts = []
+    for p in ks:
+        v = p["verdict"] if clock else p["verdict_train"]
+        n = sum(s.get("launches", 1) for s in p["seeds"])
+        pooled = [x for x in p["measurements"] if x["pooled"]]
+        part = f"k={p['k']} {v}: {x_text(p, key)} ({len(p['seeds'])} seeds, {n} launches, {len(pooled)} measurement(s))"
+        off = [x for x in pooled if x.get("verdict" if clock else "verdict_train") not in ("not measured", v)]
+        if off:
+            part += "; but " + ", ".join(f"{x['label']} alone: {x['verdict' if clock else 'verdict_train']} "
+                                         f"{x_text(x, key)}" for x in off)
+        parts.append(part)
+    return (f"{who(o['machine'])}: will k GPUs reach {rule['target']:.0%} sooner than one? Time to accuracy "
+            f"against k=1, {form}, 95% over seeds: " + "; ".join(parts) + caveat(o["machine"]))
+
+
 def headline(o: dict) -> str:
     """A machine's answer in one sentence: the measured speed-ups in both forms, the soonest k predicted."""
     m, rule = o["machine"], o["rule"]
@@ -230,6 +256,7 @@ def lines(data: ReportData) -> list[str]:
         ks = [r for r in o["rows"] if r["k"] > 1 and r["point"]]
         if not o["rule"] or not ks:
             continue
+        out += [t for t in [verdict_text(o)] if t]
         out.append(headline(o))
         out += [f"{who(m)} {k_text(r)}" for r in ks]
         out += [f"{who(m)} {t}" for t in [predicted_text(o) or no_soonest_text(o)] if t]
