@@ -113,14 +113,34 @@ def test_the_misfit_hook_widens_the_forecast_and_the_holdout(monkeypatch):
     base_h = model_choice.holdout(pts, 2048, [256, 512, 1024], draws=4000)["combined"]
     real = model_choice.misfit_band
 
-    def doubled(d, batch, s, rng):   # the real misfit, then every draw twice as far from the median
-        w, rec = real(d, batch, s, rng)
+    def doubled(d, batch, s, rng, u=None):   # the real misfit, then every draw twice as far from the median
+        w, rec = real(d, batch, s, rng, u)
         return np.median(w) + 2 * (w - np.median(w)), rec
     monkeypatch.setattr(model_choice, "misfit_band", doubled)
     wide_f = next(r for r in forecast.tta_forecast(s, THR, 256, THR, draws=4000)["rows"] if r["k"] == 8)
     wide_h = model_choice.holdout(pts, 2048, [256, 512, 1024], draws=4000)["combined"]
     assert wide_f["samples_hi"] - wide_f["samples_lo"] > 1.8 * (base_f["samples_hi"] - base_f["samples_lo"])
     assert wide_h["pred_hi"] - wide_h["pred_lo"] > 1.8 * (base_h["pred_hi"] - base_h["pred_lo"])
+
+
+def test_the_misfit_is_shared_across_k_within_a_draw(monkeypatch):
+    """A draw's misfit is one quantile of its t at every k (issue #52): the factor by
+    which misfit_band moves each draw ranks the draws alike at every k. Drawn afresh per k
+    the ranks would be independent, and the errors would cancel between k's."""
+    from scipy import stats as sps
+    _pts, s = _set(np.random.default_rng(10))
+    real, factors = model_choice.misfit_band, {}
+
+    def spy(d, batch, s, rng, u=None):
+        w, rec = real(d, batch, s, rng, u)
+        factors[batch] = w / d
+        return w, rec
+    monkeypatch.setattr(model_choice, "misfit_band", spy)
+    forecast.tta_forecast(s, THR, 256, THR, draws=3000)
+    assert len(factors) == len(THR) and all(np.ptp(f) > 0 for f in factors.values())
+    first = next(iter(factors.values()))
+    for f in factors.values():
+        assert sps.spearmanr(first, f).statistic > 0.999
 
 
 def test_a_holdout_weighs_only_the_batches_it_was_fitted_to():

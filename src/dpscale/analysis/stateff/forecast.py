@@ -44,7 +44,8 @@ def tta_forecast(models: dict, ks: Iterable[int], per_rank_batch: int, throughpu
 
     The band is joint, by Monte Carlo: per draw a model by its weight and its
     parameters from the fit's multivariate t (one draw shared by every k, so the k's are
-    compared on the same model and fit), widened by model_choice.misfit_band, and
+    compared on the same model and fit), widened by model_choice.misfit_band (the
+    misfit's quantile shared by every k of a draw too), and
     samples/s(k) independently of it and of the other k's (an assumption: the
     forecast's errors at neighbouring k are likely correlated, which would narrow the
     comparisons). Samples are the expected samples to target (the mixture's mean; its
@@ -68,8 +69,9 @@ def tta_forecast(models: dict, ks: Iterable[int], per_rank_batch: int, throughpu
     batches = [k * per_rank_batch for k in ks]
     expected, which = model_choice.draw_expected(s, batches, rng, draws)
     rows, times, no_eval = [], {}, set()
+    u = rng.random(draws)   # the misfit's quantile, shared across k within a draw (model_choice.misfit_band)
     for i, k in enumerate(ks):
-        e_d, mf = model_choice.misfit_band(expected[:, i], batches[i], s, rng)
+        e_d, mf = model_choice.misfit_band(expected[:, i], batches[i], s, rng, u)
         row = _untimed_row(k, batches[i], s, e_d, level)
         row.update(misfit_rel_sd=mf and mf["rel_sd"], misfit_source=mf and mf["source"])
         spec, e_k = throughput.get(k), _eval_at(eval_s_per_sample, k)

@@ -186,17 +186,23 @@ def misfit(s: dict, batch: float) -> dict | None:
     return {"rel_sd": math.sqrt(tau2), "leverage": h, "k": len(used), "own": len(own), "source": source}
 
 
-def misfit_band(draws, batch: float, s: dict, rng):
+def misfit_band(draws, batch: float, s: dict, rng, u=None):
     """Draws of the samples to target at `batch` (the expected value in the forecast; the
     mean of n new seeds in holdout()), already carrying the models, their fits and the
     seeds, widened by the between-batch misfit (misfit()): each draw times (1 + e), e =
     tau sqrt(1 + h) x Student's t with as many df as residuals estimated tau (a relative
     error of the mean, as batch_misfit's band has it; a draw kept above 5% of itself, a
-    sample count being positive). Returns (draws, the misfit record or None: unchanged)."""
+    sample count being positive). u: one uniform per draw, shared by every batch of a
+    forecast, so that a draw's misfit is the same quantile of its t at every batch (a
+    model that sits off the data sits off at each k of one draw alike: drawn afresh per k
+    the errors would cancel in the comparison of k's); None: drawn here. Returns (draws,
+    the misfit record or None: unchanged)."""
+    from scipy import stats as sps
     m = misfit(s, batch)
     if m is None or m["rel_sd"] == 0:
         return draws, m
-    e = m["rel_sd"] * math.sqrt(1.0 + m["leverage"]) * rng.standard_t(m["k"], size=len(draws))
+    t = rng.standard_t(m["k"], size=len(draws)) if u is None else sps.t.ppf(u, m["k"])
+    e = m["rel_sd"] * math.sqrt(1.0 + m["leverage"]) * t
     return draws * (1.0 + e).clip(min=0.05), m
 
 
