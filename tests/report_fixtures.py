@@ -108,12 +108,16 @@ def tta_metrics(rule: str, k: int, samples: list[int | None], emulated: bool = F
     """A ddp_tta result: one launch per entry of samples (None: did not converge), 2,000 images an epoch,
     at the throughput fixtures' per-rank batch (so their samples/s apply)."""
     runs = []
-    for seed, n in enumerate(samples, 1):
-        curve = [{"samples": s, "epochs": s / 2000, "seconds": s / 40.0, "accuracy": 0.4 + 0.2 * s / (n or 8000)}
+    for seed, n in enumerate(samples, 1):   # the protocol evaluates every 1,024 samples (0.5 s sharded over k)
+        curve = [{"samples": s, "epochs": s / 2000, "seconds": s / 40.0, "accuracy": 0.4 + 0.2 * s / (n or 8000),
+                  "role": "protocol" if s % 1024 == 0 else "instrument", "eval_s": 0.5 / k if s % 1024 == 0 else 0.0,
+                  "eval_images": 100 // k if s % 1024 == 0 else 0}
                  for s in range(512, (n or 8000) + 1, 512)]
         runs.append({"seed": seed, "converged": n is not None, "samples_to_target": n,
                      "seconds_to_target": n / 40.0 if n else None, "epochs_to_target": n / 2000 if n else None,
-                     "eval_s": 0.5, "curve": curve, "best_accuracy": curve[-1]["accuracy"] if curve else None})
+                     "eval_s": sum(c["eval_s"] for c in curve), "evaluations": len(curve),
+                     "samples_trained": curve[-1]["samples"] if curve else 0, "eval_every_epochs": 0.512,
+                     "curve": curve, "best_accuracy": curve[-1]["accuracy"] if curve else None})
     return {"lr_rule": rule, "target_accuracy": 0.6, "seeds": list(range(1, len(samples) + 1)), "train_images": 2000,
             "eval_every_samples": 512, "max_epochs": 4, "global_batch": prb * k, "per_rank_batch": prb,
             "emulated": emulated, "processes": min(k, 2), "eval_s_mean": 0.5, **tta.score_fields(runs), "runs": runs}

@@ -6,6 +6,8 @@
                               validation against every measured k, from kept results
     dpscale compare A B       machine B against machine A (kept folders), ratios with intervals
     dpscale export [DIR ...]  the tidy results table (results.csv) of kept machines
+    dpscale answer DIR        a kept machine's answer: its verdict per k, its table against k=1
+    dpscale docs [--check]    regenerate (or check) the number blocks of README.md and docs/
     dpscale convergence FILE ...  the E(B) model checked out of sample on published
                               convergence tables (MLPerf RCP JSON, or CSV)
 
@@ -246,6 +248,36 @@ def export(dirs: list[Path], to: str) -> int:
     return len(df)
 
 
+def answer(folder: Path) -> int:
+    """A kept machine's answer as the closing lines give it (its verdict per k, then its
+    table against k=1, the forecast's knee and its predicted soonest k), in a fenced block:
+    what the README shows, generated (dpscale.docblocks)."""
+    from dpscale import report   # matplotlib-free, but pandas and scipy: only here
+    from dpscale.report import summary
+    from dpscale.report.chapters.answer import opening, verdict_text
+    if not layout.kept(folder).has_results():
+        raise SystemExit(f"dpscale answer: {folder} has no runs/ folder; name a kept machine (reference/NAME)")
+    k = layout.kept(folder)
+    data = report.load(k.runs, k.fingerprint, references=[], book_path=None, name=folder.name)
+    o = opening(data, data.current)
+    lines = [verdict_text(o) or f"{folder.name}: no time to accuracy at k >= 2"] + summary.machine_lines(data, data.current)
+    print("```\n" + "\n".join(lines) + "\n```")
+    return 0
+
+
+def docs(check: bool) -> int:
+    """Regenerate (or, with check, compare) every number block of README.md and docs/."""
+    from dpscale import docblocks
+    stale = docblocks.regenerate(ROOT, main, write=not check)
+    if check and stale:
+        print("\n".join(["dpscale docs --check: these blocks differ from what their command prints now; run "
+                          "`dpscale docs` and commit:"] + [f"  {s}" for s in stale]))
+        return 1
+    print(f"dpscale docs: {len(stale)} block(s) " + ("differ" if check else "rewritten") if stale else
+          "dpscale docs: every block is what its command prints")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dpscale", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -270,6 +302,10 @@ def parser() -> argparse.ArgumentParser:
                    help="a kept machine (reference/NAME) or a folder of them (default: ./reference)")
     x.add_argument("--to", default="results.csv",
                    help="the CSV file to write, '-' for standard output (default: %(default)s)")
+    w = sub.add_parser("answer", help="a kept machine's answer: its verdict per k and its table against k=1")
+    w.add_argument("folder", type=Path, help="a kept machine, e.g. reference/h200")
+    d = sub.add_parser("docs", help="regenerate the number blocks of README.md and docs/ (between BEGIN/END markers)")
+    d.add_argument("--check", action="store_true", help="change nothing; exit 1 naming each block that differs")
     return ap
 
 
@@ -305,6 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "experiments":
         experiments(a.digest)
         return 0
+    if a.command == "answer":
+        return answer(a.folder)
+    if a.command == "docs":
+        return docs(a.check)
     if not a.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
         ap.error(f"NAME {a.name!r}: use {NAME_OK}")
     target = keep(a.name, a.workdir, a.to or a.workdir / "reference", a.force)

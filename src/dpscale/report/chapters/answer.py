@@ -202,14 +202,15 @@ def verdict_text(o: dict) -> str | None:
         v = p["verdict"] if clock else p["verdict_train"]
         n = sum(s.get("launches", 1) for s in p["seeds"])
         pooled = [x for x in p["measurements"] if x["pooled"]]
-        part = f"k={p['k']} {v}: {x_text(p, key)} ({len(p['seeds'])} seeds, {n} launches, {len(pooled)} measurement(s))"
+        part = (f"k={p['k']} {v}: {x_text(p, key)} {form} ({len(p['seeds'])} seeds, {n} launches, "
+                f"{len(pooled)} measurement(s))")
         off = [x for x in pooled if x.get("verdict" if clock else "verdict_train") not in ("not measured", v)]
         if off:
             part += "; but " + ", ".join(f"{x['label']} alone: {x['verdict' if clock else 'verdict_train']} "
-                                         f"{x_text(x, key)}" for x in off)
+                                         f"{x_text(x, key)} {form}" for x in off)
         parts.append(part)
     return (f"{who(o['machine'])}: will k GPUs reach {rule['target']:.0%} sooner than one? Time to accuracy "
-            f"against k=1, {form}, 95% over seeds: " + "; ".join(parts) + caveat(o["machine"]))
+            f"against k=1, 95% over seeds: " + "; ".join(parts) + caveat(o["machine"]))
 
 
 def headline(o: dict) -> str:
