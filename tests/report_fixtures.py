@@ -108,11 +108,11 @@ def tta_metrics(rule: str, k: int, samples: list[int | None], emulated: bool = F
     """A ddp_tta result: one launch per entry of samples (None: did not converge), 2,000 images an epoch,
     at the throughput fixtures' per-rank batch (so their samples/s apply)."""
     runs = []
-    for seed, n in enumerate(samples, 1):   # the protocol evaluates every 1,024 samples (0.5 s sharded over k)
+    for seed, n in enumerate(samples, 1):   # the protocol every 512 samples (0.5 s sharded over k), the instrument between
         curve = [{"samples": s, "epochs": s / 2000, "seconds": s / 40.0, "accuracy": 0.4 + 0.2 * s / (n or 8000),
-                  "role": "protocol" if s % 1024 == 0 else "instrument", "eval_s": 0.5 / k if s % 1024 == 0 else 0.0,
-                  "eval_images": 100 // k if s % 1024 == 0 else 0}
-                 for s in range(512, (n or 8000) + 1, 512)]
+                  "role": "protocol" if s % 512 == 0 else "instrument", "eval_s": 0.5 / k if s % 512 == 0 else 0.0,
+                  "eval_images": 100 // k if s % 512 == 0 else 0}
+                 for s in range(512, (n or 8000) + 1, 256)]
         runs.append({"seed": seed, "converged": n is not None, "samples_to_target": n,
                      "seconds_to_target": n / 40.0 if n else None, "epochs_to_target": n / 2000 if n else None,
                      "eval_s": sum(c["eval_s"] for c in curve), "evaluations": len(curve),

@@ -152,7 +152,7 @@ def text(data, html_path) -> str:
     if data.current is not None:
         from dpscale.report.chapters.answer import opening, verdict_text
         first = verdict_text(opening(data, data.current))
-        out += [first, ""] if first else []
+        out += [f"answer: {first}", ""] if first else []
     for m in data.machines:
         block = machine_lines(data, m) or ([f"{m.label}: {m.hardware}, {m.scale} scale: no speed-up yet (needs k=1 "
                                             "and a larger k)"] if m is data.current else [])

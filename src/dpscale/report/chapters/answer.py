@@ -202,8 +202,9 @@ def verdict_text(o: dict) -> str | None:
         v = p["verdict"] if clock else p["verdict_train"]
         n = sum(s.get("launches", 1) for s in p["seeds"])
         pooled = [x for x in p["measurements"] if x["pooled"]]
-        part = (f"k={p['k']} {v}: {x_text(p, key)} {form} ({len(p['seeds'])} seeds, {n} launches, "
-                f"{len(pooled)} measurement(s))")
+        also = f", {x_text(p, 'speedup_train')} {tta.TRAIN}" if clock else ""
+        part = (f"k={p['k']} ({p['run']}) {v}: {x_text(p, key)} {'with ' if clock else ''}{form}{also} ({len(p['seeds'])} seeds, {n} "
+                f"launches, {len(pooled)} measurement(s))")
         off = [x for x in pooled if x.get("verdict" if clock else "verdict_train") not in ("not measured", v)]
         if off:
             part += "; but " + ", ".join(f"{x['label']} alone: {x['verdict' if clock else 'verdict_train']} "
