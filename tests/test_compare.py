@@ -135,3 +135,13 @@ def test_keep_force_keeps_the_machines_earlier_measurements(tmp_path):
     before = old.read_bytes()
     again = cli.keep("x2", work, to, force=True)
     assert (again / "earlier" / "first" / "ddp_weak" / "cached" / "k1.json").read_bytes() == before
+
+
+def test_a_folder_compared_with_itself_is_refused_in_one_line(tmp_path, monkeypatch):
+    """Issue #53: `dpscale compare results results` printed 1.000 [0.743, 1.347], as if the
+    two were independent machines."""
+    from dpscale import cli
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["compare", "reference/h200", "reference/../reference/h200"])
+    assert "are one folder" in str(e.value) and "\n" not in str(e.value)

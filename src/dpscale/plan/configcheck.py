@@ -88,6 +88,8 @@ def explain(e: jsonschema.ValidationError) -> str:
         return f"{where}: '' is empty; write a path, e.g. {example}, or null for the default"
     if e.validator == "enum":
         return f"{where}: {flow(v)} is not one of {', '.join(map(flow, e.validator_value))}{example}"
+    if e.validator == "oneOf" and any(c.validator == "uniqueItems" for c in e.context or ()):
+        e.validator = "uniqueItems"   # a list in the list branch, but with a repeat: say that, not "not allowed"
     if e.validator == "oneOf":
         return f"{where}: {flow(v)} is not allowed; write {_allowed(e.validator_value)}{example}"
     if e.validator in ("minimum", "exclusiveMinimum", "maximum"):

@@ -97,6 +97,10 @@ def render(a: Machine, b: Machine) -> str:
 
 
 def compare(folder_a: Path, folder_b: Path) -> str:
+    if Path(folder_a).resolve() == Path(folder_b).resolve():
+        raise SystemExit(f"dpscale compare: {folder_a} and {folder_b} are one folder; a ratio of a machine to itself "
+                         "is 1 by construction, and its interval would treat one set of launches as two independent "
+                         "ones. Name two kept machines, e.g. dpscale compare reference/h200 reference/h200x2")
     a, b = load(folder_a), load(folder_b)
     warn = [f"warning: unreadable result skipped: {e}" for e in a.errors + b.errors]
     return "\n".join(warn + [render(a, b)])
