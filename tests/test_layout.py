@@ -146,3 +146,20 @@ def test_keep_seals_again_a_sealed_record_whose_paths_it_rewrites(tmp_path):
     (work / "k2.json").write_text(json.dumps({**sealed, "reason": "edited"}))
     cli._copy(work / "k2.json", tmp_path / "kept" / "k2.json", work)
     assert results.audit(tmp_path / "kept" / "k2.json").state == results.ALTERED
+
+
+def test_a_runs_results_folder_read_as_a_machine_finds_its_plan(tmp_path):
+    """`dpscale forecast results` (a run's results/, its plan at results/report/plan.json)
+    prints no 'no plan recorded' line (issue #53)."""
+    import shutil
+    from dpscale.report.machines import load_reference
+    src = ROOT / "reference" / "h200x2"
+    res = tmp_path / "results"
+    shutil.copytree(src / "runs", res / "runs")
+    shutil.copy(src / "fingerprint.json", res / "fingerprint.json")
+    (res / "report").mkdir()
+    shutil.copy(src / "plan.json", res / "report" / "plan.json")
+    m = load_reference(res)
+    assert not [e for e in m.errors if "no plan recorded" in e], m.errors
+    (res / "report" / "plan.json").unlink()
+    assert [e for e in load_reference(res).errors if "no plan recorded" in e]

@@ -250,11 +250,13 @@ def kept_profile(folder: layout.Folder) -> dict | None:
 
 def _load_reference(folder: layout.Folder) -> Machine:
     name = folder.root.name
-    if folder.plan.exists():
-        info = json.loads(folder.plan.read_text())
+    # a run's results/ read as a machine keeps its plan where the report wrote it (results/report/plan.json)
+    plan = next((p for p in (folder.plan, folder.root / "report" / layout.PLAN) if p.exists()), folder.plan)
+    if plan.exists():
+        info = json.loads(plan.read_text())
         m = load_planned(folder.runs, folder.fingerprint, info["targets"], key=name,
                          kind="reference", label=name, plan_info=info,
-                         missing_reason=f"planned ({shown(folder.plan)}), but no result was kept")
+                         missing_reason=f"planned ({shown(plan)}), but no result was kept")
         extra = load_found(folder.runs, folder.fingerprint)
         for k, r in extra.results.items():   # kept results outside the plan still count
             m.results.setdefault(k, r)
