@@ -45,11 +45,11 @@ B_simple over the steps before the target, per seed and pooled over seeds.
 
 Heartbeat: rank 0 prints one line per evaluation to the job's log, flushed:
 
-    [tta seed 3] epoch 2.50 samples 150,000 acc 0.8841 train 23,950 samples/s clock 7.1 s
+    [tta seed 3] epoch 2.00 samples 120,000 acc 0.8841 train 23,950 samples/s clock 5.7 s (protocol)
 
 seed; epochs and samples trained so far (all k ranks together); the test accuracy of
 this evaluation; training samples/s since the previous line (its evaluation excluded);
-seconds on the MLPerf clock. `tail -f logs/ddp_tta/book/k4.log` follows a job.
+seconds on the job's clock (the instrument's evaluations off it); whose evaluation. `tail -f logs/ddp_tta/book/k4.log` follows a job.
 """
 from __future__ import annotations
 
