@@ -143,7 +143,8 @@ def tta_rows(data: ReportData) -> list[dict]:
 
 
 MEASUREMENT_COLUMNS = ["machine", "lr_rule", "k", "measurement", "commit", "finished_utc", "seeds", "run_id",
-                       "epochs_to_target", "epochs_interval", "pooled", "note"]
+                       "epochs_to_target", "epochs_interval", "speedup", "speedup_interval", "verdict",
+                       "speedup_training_only", "verdict_training_only", "pooled", "note"]
 
 
 def seeds_text(seeds: list) -> str:
@@ -170,13 +171,24 @@ def measurement_rows(data: ReportData) -> list[dict]:
                          "run_id": f"{x['run_id']:016x}" if x["run_id"] is not None else "– (listed)",
                          "epochs_to_target": ep(x["epochs"]), "epochs_interval": iv(x["epochs_lo"], x["epochs_hi"],
                                                                                     lambda v: f"{v:.2f}"),
-                         "pooled": x["pooled"], "note": x["why"]})
+                         **verdict_cells(x), "pooled": x["pooled"], "note": x["why"] or x.get("averaged", "")})
         if len(p["measurements"]) > 1:
             rows.append({**head, "measurement": "pooled", "seeds": f"{len(p['seeds'])} seeds",
                          "epochs_to_target": ep(p["epochs"]), "epochs_interval": iv(p["epochs_lo"], p["epochs_hi"],
                                                                                     lambda v: f"{v:.2f}"),
-                         "pooled": True, "note": spread_text(p["measurements"])})
+                         **verdict_cells({**p, "verdict": p.get("verdict"), "verdict_train": p.get("verdict_train")}),
+                         "pooled": True, "note": spread_text(p["measurements"])
+                         + ("; verdict differs from the pool's: " + ", ".join(p["verdicts_disagree"])
+                            if p.get("verdicts_disagree") else "")})
     return rows
+
+
+def verdict_cells(x: dict) -> dict:
+    """A measurement's (or the pool's) own speed-up over k=1, both forms, and its verdict."""
+    two = (lambda lo, hi: iv(lo, hi, lambda v: f"{v:.2f}"))
+    return {"speedup": times(x.get("speedup")), "speedup_interval": two(x.get("speedup_lo"), x.get("speedup_hi")),
+            "verdict": x.get("verdict") or "–", "speedup_training_only": times(x.get("speedup_train")),
+            "verdict_training_only": x.get("verdict_train") or "–"}
 
 
 def spread_text(recs: list[dict]) -> str:
@@ -198,13 +210,13 @@ def repeat_notes(data: ReportData) -> list[str]:
     out = []
     for m, rule in each_rule(data):
         hit = [p for p in rule["points"] if "rule's run" not in p["run"]
-               and any(not x["pooled"] and "repeat" in x["why"] for x in p["measurements"])]
+               and any(x.get("averaged") for x in p["measurements"])]
         if hit:
             counts = sorted({len(p["measurements"]) for p in hit})
             out.append(f"{m.label}, {rule['rule']} LR: at k = {listed(p['k'] for p in hit)}, "
-                       f"{'/'.join(map(str, counts))} measurements, the earlier ones with the seeds of a newer one "
-                       "(same initial weights and data order): not independent, shown (table tta_measurements) "
-                       "but not pooled with it")
+                       f"{'/'.join(map(str, counts))} measurements, some with the seeds of a newer one "
+                       "(same initial weights and data order: not independent): each such seed counts once, the "
+                       "mean of its launches, never one measurement picked (table tta_measurements)")
     return out
 
 
@@ -517,9 +529,11 @@ def tables(data: ReportData) -> list:
           "fastest and the slowest; min and max of those kept), and the clock as measured", tta_rows(data),
           TTA_COLUMNS),
         t("tta_measurements", "Each measurement of each point (runs/ and the machine's earlier/ folder), and the "
-          "pooled result: measurements of one protocol with seeds no other pooled measurement used are pooled (a "
-          "repeated seed starts from the same weights and data order: not independent); epochs to target, mean "
-          "over the measurement's seeds with its 95% interval", measurement_rows(data), MEASUREMENT_COLUMNS),
+          "pooled result: measurements of one protocol pool, a seed several of them ran counted once as the mean "
+          "of its launches (a repeated seed starts from the same weights and data order: not independent); epochs "
+          "to target, mean over the measurement's seeds with its 95% interval; each measurement's own speed-up "
+          "over k=1 (its seeds at k against its own at k=1) and verdict beside the pool's",
+          measurement_rows(data), MEASUREMENT_COLUMNS),
         t("tta_seeds", "Every seed: where its accuracy curve crossed the target, interpolated and at MLPerf's first "
           "evaluation; the resolution is the bracket's width", seed_rows(data), SEED_COLUMNS),
         t("goodput", "Time to accuracy = samples to target x (1 / samples/s(k) + evaluation seconds per sample), "
