@@ -129,7 +129,7 @@ def summary_rows(text: str, machine: str) -> dict[int, tuple]:
     block = block[:block.find("\n\n", 1)]
     out = {}
     for line in block.splitlines():
-        m = re.match(rf"\s+(\d+)\s+{X}{BAND}(?: forecast)?\s+{X}{BAND}\s+{X}", line)
+        m = re.match(rf"\s+(\d+)\s+{X}{BAND}(?: forecast(?: \d+%)?)?\s+{X}{BAND}\s+{X}", line)
         if m:
             out[int(m.group(1))] = m.groups()[1:]
     return out

@@ -52,7 +52,7 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"({100 * x:.0f}% eval.)"
 
 
-COLUMNS = (f"  {'k':>4}  {'samples/s (step that trained)':<30} {'time to accuracy: training only':<32} "
+COLUMNS = (f"  {'k':>4}  {'samples/s (step that trained)':<32} {'time to accuracy: training only':<32} "
            f"{'with evaluation on the clock':<38} {'statistical efficiency':<24} run")
 
 
@@ -61,12 +61,13 @@ def k_line(r: dict) -> str:
     accuracy training only, then with the evaluation on the clock (its share), statistical
     efficiency."""
     t, p = r["throughput"], r["point"]
-    thr = f"{_x(t)} {'forecast' if (t or {}).get('source') == 'forecast' else ''}".strip()
+    level = next(iter(re.findall(r"\d+%", (t or {}).get("covers", ""))), "")
+    thr = f"{_x(t)} {'forecast ' + level if (t or {}).get('source') == 'forecast' else ''}".strip()
     if p and not p["scored"]:
         from dpscale.report.chapters.tta import no_score_text
-        return f"  {r['k']:>4}  {thr:<30} {no_score_text(p):<96} {p['run']}"
+        return f"  {r['k']:>4}  {thr:<32} {no_score_text(p):<96} {p['run']}"
     clock = f"{_ratio(p, 'speedup')} {_pct(r['eval_share']) if p else ''}".strip()
-    return (f"  {r['k']:>4}  {thr:<30} {_ratio(p, 'speedup_train'):<32} {clock:<38} "
+    return (f"  {r['k']:>4}  {thr:<32} {_ratio(p, 'speedup_train'):<32} {clock:<38} "
             f"{_ratio(p, 'statistical_efficiency', True):<24} {(p or {}).get('run', '')}")
 
 
@@ -146,7 +147,7 @@ def lone_lines(m) -> list[str]:
 def text(data, html_path) -> str:
     """The closing summary of a built report (dpscale.report.build writes it)."""
     out = ["", RULE, HEAD, "(speed-up over k=1 [95% interval]; samples/s of the step the time-to-accuracy runs "
-           "trained with, forecast: its band; time to accuracy = samples to target x (1 / samples/s + evaluation "
+           "trained with, forecast: its band at the level printed beside it; time to accuracy = samples to target x (1 / samples/s + evaluation "
            "per sample): training only, then with the evaluation on the clock and its share; chapter 'Will k "
            "GPUs train sooner?')", ""]
     if data.current is not None:

@@ -13,6 +13,8 @@ first screen's words, its table and figure, and the closing summary
 sits above (the header); its tables and notes are a chapter of their own further down."""
 from __future__ import annotations
 
+import re
+
 from dpscale.analysis.stateff.model_choice import NAMES
 from dpscale.report import forecast as fcr, tta
 from dpscale.report.document import Chapter, FigureSpec, Page
@@ -97,7 +99,8 @@ def growth_text(t: dict | None) -> str:
     """The samples/s growth of the step that trained: 'samples/s 1.88x [1.86, 1.89] (forecast)'."""
     if not t:
         return "samples/s not measured here"
-    return f"samples/s {x_text(t)} ({t['source']})"
+    level = next(iter(re.findall(r"\d+%", t.get("covers") or "")), "") if t["source"] == "forecast" else ""
+    return f"samples/s {x_text(t)} ({t['source']}" + (f", its {level} band)" if level else ")")
 
 
 def tta_text(p: dict, share: float | None) -> str:
