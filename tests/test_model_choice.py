@@ -81,9 +81,11 @@ def test_p_fastest_carries_the_probability_over_the_models():
     share is reported beside, and alone each model gives its own."""
     _pts, s = _set(np.random.default_rng(4))
     mix = forecast.tta_forecast(s, THR, 256, THR, eval_s_per_sample=2e-5, draws=40000, seed=5)
-    alone = {n: forecast.tta_forecast(s["fits"][n], THR, 256, THR, eval_s_per_sample=2e-5, draws=40000, seed=6)
+    named = [r["k"] for r in mix["rows"] if not r["beyond_evidence"]]   # the k's a soonest is named among
+    assert named == [1, 2, 4, 8, 16] and all(r["p_fastest"] is None for r in mix["rows"] if r["beyond_evidence"])
+    alone = {n: forecast.tta_forecast(s["fits"][n], named, 256, THR, eval_s_per_sample=2e-5, draws=40000, seed=6)
              for n in ("line", "power")}
-    for r in mix["rows"]:
+    for r in (r for r in mix["rows"] if r["k"] in named):
         want = sum(s["weights"][n] * next(a for a in alone[n]["rows"] if a["k"] == r["k"])["p_fastest"]
                    for n in alone)
         assert r["p_fastest"] == pytest.approx(want, abs=0.015), r["k"]
@@ -91,6 +93,21 @@ def test_p_fastest_carries_the_probability_over_the_models():
             one = next(a for a in alone[n]["rows"] if a["k"] == r["k"])["p_fastest"]
             assert r["p_fastest_by_model"][n] == pytest.approx(one, abs=0.02)
     assert mix["models"] == {"the line": 0.6, "the power law": 0.4}
+
+
+def test_no_k_past_twice_the_largest_measured_batch_is_named_soonest():
+    """Issue #52: the forecast extrapolated to 16x the largest measured batch; past 2x the
+    model did worse than the naive previous batch on MLPerf's tables. Rows past 2x are
+    labelled beyond the evidence and never named soonest or cheapest, even where their
+    point time is the least."""
+    _pts, s = _set(np.random.default_rng(11))
+    fast = {k: {"value": 4000.0 * k, "source": "given"} for k in (1, 2, 4, 8, 16, 32)}   # perfect scaling
+    out = forecast.tta_forecast(s, list(fast), 256, fast, draws=2000)
+    rows = {r["k"]: r for r in out["rows"]}
+    assert out["supported_batch_max"] == 2 * max(s["fit_batches"])
+    assert min(rows.values(), key=lambda r: r["time_s"])["k"] == 32           # the least time is far out
+    assert rows[32]["beyond_evidence"] and not rows[8]["beyond_evidence"]
+    assert out["fastest_k"] is not None and not rows[out["fastest_k"]]["beyond_evidence"]
 
 
 def test_the_mixture_band_holds_both_models_where_they_part():

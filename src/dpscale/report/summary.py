@@ -74,7 +74,8 @@ def k_line(r: dict) -> str:
 def forecast_at(r: dict) -> str:
     """The forecast at one k, both forms, its evaluation share."""
     return (f"k={r['k']}: forecast {_ratio(r['predicted_train'], 'speedup')} training only, "
-            f"{_ratio(r['predicted'], 'speedup')} with evaluation {_pct(r['predicted_eval_share'])}")
+            f"{_ratio(r['predicted'], 'speedup')} with evaluation {_pct(r['predicted_eval_share'])}"
+            + (" beyond the evidence" if (r["predicted"] or {}).get("beyond_evidence") else ""))
 
 
 def predicted_lines(o: dict) -> list[str]:
@@ -89,7 +90,9 @@ def predicted_lines(o: dict) -> list[str]:
     fast, cheap, far = pr["soonest"], pr["cheapest"], pr["far"]
     at = [r for r in o["rows"] if r["k"] > 1 and r["point"] and (r["predicted"] or {}).get("speedup") is not None]
     out = [f"  predicted ({rule['rule']} LR, {models_text(pr['models'])}, over samples/s; batches above "
-           f"{pr['extrapolated_above']:,} extrapolated):"]
+           f"{pr['extrapolated_above']:,} extrapolated" + (f"; soonest named among batches up to {pr['supported']:,.0f}, "
+                                                           "past it beyond the evidence" if pr.get("supported") else "")
+           + "):"]
     if at:
         out.append("    forecast at the measured k (after the measurement): " + "; ".join(forecast_at(r) for r in at))
     out.append(f"    soonest to {rule['target']:.0%}: k={fast['k']} (soonest in {fast['predicted']['p_fastest']:.0%} of "

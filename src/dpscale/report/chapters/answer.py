@@ -78,6 +78,7 @@ def _predicted(rule: dict | None, rows: list[dict]) -> dict | None:
     return {"soonest": at.get(c["fastest_k"]) or next(r for r in rows if r["k"] == c["fastest_k"]),
             "cheapest": next(r for r in rows if r["k"] == c["cheapest_k"]), "far": far, "far_nodes": nodes,
             "extrapolated_above": max(rule["measured_batches"], default=0), "models": c.get("models"), "rule": rule,
+            "supported": c.get("supported_batch_max"),
             "eval_dominates": [r for r in at.values() if (r["predicted_eval_share"] or 0) > EVAL_DOMINATES]}
 
 
@@ -121,7 +122,8 @@ def forecast_text(r: dict) -> str:
     """The forecast at a k, labelled: after the measurement where k was measured."""
     pred, train = r["predicted"], r["predicted_train"] or {}
     return (f"forecast {x_text(train, 'speedup')} {tta.TRAIN}, {x_text(pred, 'speedup')} with {tta.CLOCK} "
-            f"(evaluation {pct(r['predicted_eval_share'])} of it)")
+            f"(evaluation {pct(r['predicted_eval_share'])} of it)" + (", beyond the evidence" if pred.get("beyond_evidence")
+                                                                     else ""))
 
 
 def k_text(r: dict) -> str:
@@ -184,7 +186,9 @@ def predicted_text(o: dict) -> str | None:
     return (f"predicted ({models_text(pr['models'])}, over samples/s): soonest at k={fast['k']} in "
             f"{fast['predicted']['p_fastest']:.0%} of the draws{alone}, {forecast_text(fast)}; fewest GPU-hours at "
             f"k={cheap['k']}; {where}: {forecast_text(far)}"
-            + (f" (batches above {pr['extrapolated_above']:,} extrapolated)" if pr["extrapolated_above"] else "")
+            + (f" (batches above {pr['extrapolated_above']:,} extrapolated; soonest named among batches up to "
+               f"{pr['supported']:,.0f}, twice the largest measured: past it the forecast is beyond the evidence)"
+               if pr["extrapolated_above"] and pr.get("supported") else "")
             + (f". {dom[0].upper()}{dom[1:]}: there the clock form measures the protocol, the training-only form "
                "the scaling" if dom else ""))
 
