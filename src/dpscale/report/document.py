@@ -85,6 +85,7 @@ class Page:
     figures: list[Figure] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
     pre: list[tuple[str, str]] = field(default_factory=list)        # (caption, text)
+    lead: int = 0                    # how many figures come before the prose (the answer's own, first)
 
 
 @dataclass(frozen=True)

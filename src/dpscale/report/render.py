@@ -49,7 +49,8 @@ def _page_view(p: Page, captions: dict[str, str], with_images: bool) -> dict:
             {"name": f.name, "title": f.title, "headline": f.headline, "notes": f.notes,
              "caption_md": rst_md(captions[f.name])} for f in p.figures]
     return {"key": p.key, "title": p.title, "banners": p.banners, "intro_html": rst_html(p.intro),
-            "intro_md": rst_md(p.intro), "figures": figs, "tables": p.tables, "pre": p.pre}
+            "intro_md": rst_md(p.intro), "lead": figs[:p.lead], "figures": figs[p.lead:], "tables": p.tables,
+            "pre": p.pre}
 
 
 def document(pages: list[Page], build: list[tuple[str, str]], captions: dict[str, str], fmt: str) -> str:

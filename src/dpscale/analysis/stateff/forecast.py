@@ -84,18 +84,26 @@ def tta_forecast(models: dict, ks: Iterable[int], per_rank_batch: int, throughpu
                 timing, times[k] = _time_to_target(k, row["samples"], e_d, spec, e_k, level, rng)
                 row.update(timing)
         rows.append(row)
-    top = max(s.get("fit_batches") or [0]) * EVIDENCE
-    for r in rows:   # past EVIDENCE x the largest measured batch no public table checked the model: said, not named
+    return {"rows": rows, **_choice(rows, times, no_eval, max(s.get("fit_batches") or [0]) * EVIDENCE, level, which),
+            "models": {model_choice.NAMES[n]: w for n, w in s["weights"].items()}, "model_method": s["method"],
+            "level": level, "draws": draws, "covers": COVERS, "method": METHOD}
+
+
+def _choice(rows: list[dict], times: dict, no_eval: set, top: float, level: float, which) -> dict:
+    """The soonest and the cheapest k, named among the rows within `top` (EVIDENCE x the
+    largest fitted batch: past it no public table checked the model; said, not named),
+    each row's beyond_evidence, and the probabilities over those rows."""
+    _compare_ks(rows, times, level, which)   # every row's speed-up over k=1, labelled where beyond
+    for r in rows:
         r["beyond_evidence"] = bool(top) and r["global_batch"] > top
+        if r["beyond_evidence"]:
+            r.update(p_fastest=None, p_cheapest=None, p_fastest_by_model=None)
     named = [r for r in rows if not r["beyond_evidence"]]
     _compare_ks(named, {k: t for k, t in times.items() if any(r["k"] == k for r in named)}, level, which)
     why = _no_choice(named, no_eval)
-    return {"rows": rows, "fastest_k": None if why else _best_k(named, "time_s"),
+    return {"fastest_k": None if why else _best_k(named, "time_s"),
             "cheapest_k": None if why else _best_k(named, "gpu_hours"), "no_choice_reason": why,
-            "supported_batch_max": top or None,
-            "models": {model_choice.NAMES[n]: w for n, w in s["weights"].items()}, "model_method": s["method"],
-            "level": level, "draws": draws,
-            "covers": COVERS, "method": METHOD}
+            "supported_batch_max": top or None}
 
 
 COVERS = f"{SEEDS} (samples to target), the choice of model and the between-batch misfit; the throughput band as given"

@@ -22,8 +22,9 @@ from dpscale.report.machines import Machine, ReportData
 from dpscale.report.chapters.common import figure, prose, records_table
 from dpscale.report.chapters.tta import no_score_text, numbers, of
 
-FIGURES = (FigureSpec("answer", "Speed-up over one device against k, out to the forecast's nodes: samples/s "
-                                "(weak scaling) and time to accuracy, measured, emulated and predicted"),)
+FIGURES = (FigureSpec("answer", "This machine: speed-up over one device against k, out to the forecast's nodes: "
+                                "samples/s (weak scaling) and time to accuracy, measured, emulated and predicted"),
+           FigureSpec("answer_others", "The kept machines and the book, the same axes"))
 FAR_K = 32          # the forecast's far point named on the first screen: 4 nodes of 8 (else the farthest k)
 EVAL_DOMINATES = 0.5   # the evaluation protocol's share of the clock above which the first screen says so
 
@@ -256,26 +257,40 @@ def step_words(o: dict) -> str:
 
 
 def lines(data: ReportData) -> list[str]:
-    """The first screen's words: per machine with a time to accuracy, its answer, a line
-    per k and its forecast's; then each other machine's samples/s growth in one line."""
-    mine = [m for m, _r in numbers(data)]
-    out = []
-    for m in mine:
-        o = opening(data, m)
-        ks = [r for r in o["rows"] if r["k"] > 1 and r["point"]]
-        if not o["rule"] or not ks:
-            continue
-        out += [t for t in [verdict_text(o)] if t]
-        out.append(headline(o))
-        out += [f"{who(m)} {k_text(r)}" for r in ks]
-        out += [f"{who(m)} {t}" for t in [predicted_text(o) or no_soonest_text(o)] if t]
-    for m in (m for m in data.machines if all(m is not x for x in mine)):
-        rows = [r for r in opening(data, m)["rows"] if r["k"] > 1 and (r["throughput"] or {}).get("source")
-                == "measured"]
-        if rows:
-            out.append(f"{who(m)} ({step_words(opening(data, m))}): " + "; ".join(k_text(r) for r in rows)
-                       + caveat(m))
-    return out or ["No scaling result yet."]
+    """The first screen's words: this run's (mine()), then the other machines' (others())."""
+    return (mine(data) + others(data)) or ["No scaling result yet."]
+
+
+def _tta_lines(data: ReportData, m: Machine) -> list[str]:
+    """A machine with a time to accuracy: its verdict per k, its answer, a line per k and
+    its forecast's ([] without a measured k >= 2)."""
+    o = opening(data, m)
+    ks = [r for r in o["rows"] if r["k"] > 1 and r["point"]]
+    if not o["rule"] or not ks:
+        return []
+    return ([t for t in [verdict_text(o)] if t] + [headline(o)] + [f"{who(m)} {k_text(r)}" for r in ks]
+            + [f"{who(m)} {t}" for t in [predicted_text(o) or no_soonest_text(o)] if t])
+
+
+def _rate_line(data: ReportData, m: Machine) -> list[str]:
+    """A machine without a time to accuracy: its measured samples/s growth in one line."""
+    rows = [r for r in opening(data, m)["rows"] if r["k"] > 1 and (r["throughput"] or {}).get("source") == "measured"]
+    return [f"{who(m)} ({step_words(opening(data, m))}): " + "; ".join(k_text(r) for r in rows) + caveat(m)] \
+        if rows else []
+
+
+def mine(data: ReportData) -> list[str]:
+    """This run's words (the first screen's first figure)."""
+    m = data.current
+    return [] if m is None else (_tta_lines(data, m) or _rate_line(data, m))
+
+
+def others(data: ReportData) -> list[str]:
+    """Every other machine's, those with a time to accuracy first."""
+    rest = [m for m in data.machines if m is not data.current]
+    tta_ids = {id(m) for m, _r in numbers(data)}
+    out = [x for m in rest if id(m) in tta_ids for x in _tta_lines(data, m)]
+    return out + [x for m in rest if id(m) not in tta_ids or not _tta_lines(data, m) for x in _rate_line(data, m)]
 
 
 # ---------------------------------------------------------------- the table
@@ -334,15 +349,20 @@ def predicted_rows(o: dict, name: str) -> list[dict]:
                 "speedup_train_hi": t.get("speedup_hi")}
         out.append({"machine": name, "k": k, "run": "predicted", **_cells(r["throughput"] or {}, band,
                                                                             r["predicted_eval_share"]),
-                    "note": f"{why}; the soonest in {pred['p_fastest']:.0%} of draws" + (
+                    "note": f"{why}; " + ("beyond the evidence (a batch past twice the largest measured): no "
+                                          "soonest named here" if pred.get("beyond_evidence") else
+                                          f"the soonest in {pred['p_fastest']:.0%} of draws") + (
                         f"; fewest GPU-hours: k={pr['cheapest']['k']}" if k == fast else "")
                     + ("; a forecast at a measured k: the measured row comes first" if r["point"] else "")})
     return out
 
 
 def page(data: ReportData) -> Page:
-    ls = lines(data)
-    return Page("answer", CHAPTER.title, prose("answer"), figures=[figure(FIGURES[0], ls[0], ls[1:])],
+    ls, rest = mine(data) or ["No time-to-accuracy result on this machine yet."], others(data)
+    return Page("answer", CHAPTER.title, prose("answer"), lead=1,
+                figures=[figure(FIGURES[0], ls[0], ls[1:]),
+                         figure(FIGURES[1], "Beside the kept machines and the book (speed-up over their own k=1)",
+                                rest)],
                 tables=[records_table("answer", "The answer per machine and k, speed-up over k=1: throughput_x in "
                                       "samples/s of the step that trained; tta_train_x in time to accuracy, training "
                                       "only; tta_x, with the evaluation on the clock (eval_share: the evaluation's "

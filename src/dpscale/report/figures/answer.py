@@ -1,5 +1,6 @@
-"""The first screen's figure: speed-up over one device against k, out to the throughput
-forecast's nodes. samples/s: measured (circles, 95% bars) and forecast (thin line, its
+"""The first screen's figures: speed-up over one device against k, out to the throughput
+forecast's nodes, this machine alone (answer), then the kept machines and the book
+(answer_others). samples/s: measured (circles, 95% bars) and forecast (thin line, its
 band); time to accuracy with evaluation on the clock: measured on real devices (filled
 squares), emulated (hollow squares), both with 95% bars over seeds, and predicted (dashed,
 its band), the k that reaches the target soonest starred; training only dotted."""
@@ -35,9 +36,11 @@ def _throughput(ax, rows: list[dict], color: str, forecast: bool) -> bool:
 
 
 def _tta(ax, rows: list[dict], color: str) -> bool:
-    pts = [r["point"] for r in rows if r["point"] and r["point"].get("speedup") is not None]
+    pts = [r["point"] for r in rows if r["point"] and r["point"].get("speedup_train") is not None]
     for p in pts:
         for key, marker, dx in (("speedup", "s", 1.0), ("speedup_train", "^", 1.06)):
+            if p.get(key) is None:   # the clock form where this k's evaluations were not timed as a job's
+                continue
             lo, hi = p.get(f"{key}_lo"), p.get(f"{key}_hi")
             if lo is not None and hi is not None:
                 ax.errorbar([p["k"] * dx], [p[key]], yerr=[[p[key] - lo], [hi - p[key]]], color=color,
@@ -112,10 +115,26 @@ def _entries(data: ReportData, used, with_tta: bool) -> list[tuple]:
 
 
 def answer(data: ReportData):
+    """This machine alone: its own answer first, not lost under the kept machines' curves."""
+    mine = [m for m in data.machines if m is data.current] or list(data.machines)
+    return _draw(data, mine)
+
+
+def answer_others(data: ReportData):
+    """The kept machines and the book, beside one another (this run's figure is above)."""
+    others = [m for m in data.machines if m is not data.current]
+    if not others:
+        fig, axes = kit.new(height=2.5)
+        kit.empty(axes[0, 0], "No other machine kept under reference/.")
+        return fig
+    return _draw(data, others)
+
+
+def _draw(data: ReportData, machines: list):
     fig, axes = kit.new(height=5.6)
     ax, used, ks = axes[0, 0], [], set()
     recs = {id(m): r for m, r in numbers(data)}
-    for m in data.machines:
+    for m in machines:
         rows, color = opening(data, m)["rows"], kit.color_of(data, m)
         rec = recs.get(id(m))
         drew = _throughput(ax, rows, color, forecast=rec is not None)
