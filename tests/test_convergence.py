@@ -413,3 +413,18 @@ def test_the_method_page_shows_what_the_commands_print(capsys):
     pooled = blocks[0][1].split("#### Pooled over")[1]
     for figure in ("38/72", "67/72", "50.7%", "17.6", "16.7", "20.1"):
         assert figure in pooled and figure in doc.split("## Data")[0], figure
+
+
+def test_the_borrowed_misfit_is_checked_without_its_largest_contributor():
+    """Issue #52: the public pool's misfit leaned on one HPC table. The pooled check says
+    which family weighs most in the residuals' squares, and the coverage and width with
+    that family left out of the pool and of the rows."""
+    from dpscale.analysis import convergence as cv, convergence_check as cc
+    tables = [cv.read(p) for p in sorted((ROOT / "reference/public/convergence").glob("*/*.csv"))]
+    res = cc.check(tables)
+    x = res["pooled"]["without_largest"]
+    pools = cc.residual_pool(cc.families(tables))
+    sq = {cc.representative(f).name: sum(r["relative"] ** 2 for r in rs) for f, rs in pools}
+    assert x["family"] == max(sq, key=sq.get) and x["share"] == pytest.approx(max(sq.values()) / sum(sq.values()))
+    assert x["coverage_wide"]["n"] < res["pooled"]["coverage_wide"]["n"]       # its rows left out too
+    assert x["median_half_width_pct"] < res["pooled"]["median_half_width_pct"]["band_wide"]

@@ -180,6 +180,21 @@ def summary(rows: list[dict]) -> dict:
             "leaks": sorted({(r["table"], r["batch"]) for r in done if r["leaks"]})}
 
 
+def without_largest(tables: list[Table], pools: list[tuple[list, list]], level: float, weighting: str) -> dict:
+    """The pooled check again with the family that weighs most in the borrowed misfit left
+    out of the pool (the largest share of the residuals' squared relative errors): is the
+    band's coverage a property of the pool, or of one table?"""
+    sq = [sum(r["relative"] ** 2 for r in res) for _fam, res in pools]
+    i = max(range(len(pools)), key=sq.__getitem__)
+    fam = pools[i][0]
+    names = {t.name for t in fam}
+    rest = [t for t in tables if t.name not in names]
+    again = check(rest, pool_tables=[t for f, _ in pools if f is not fam for t in f], level=level, weighting=weighting)
+    return {"family": representative(fam).name, "share": sq[i] / sum(sq) if sum(sq) else None,
+            "coverage_wide": again["pooled"]["coverage_wide"],
+            "median_half_width_pct": again["pooled"]["median_half_width_pct"]["band_wide"]}
+
+
 def check(tables: list[Table], pool_tables: list[Table] | None = None, level: float = LEVEL,
           weighting: str = "cv") -> dict:
     """Every table's rows and summary, and the pooled summary over one table per family.
@@ -193,6 +208,9 @@ def check(tables: list[Table], pool_tables: list[Table] | None = None, level: fl
                     "notes": list(t.notes), "rows": rows, "summary": summary(rows)})
     reps = {representative(f).name for f in families(tables)}
     pooled_rows = [r for tab in out if tab["name"] in reps for r in tab["rows"]]
-    return {"level": level, "tables": out, "pooled": {**summary(pooled_rows), "tables": sorted(reps)},
+    pooled = {**summary(pooled_rows), "tables": sorted(reps)}
+    if pool_tables is None and len(pools) > 1:
+        pooled["without_largest"] = without_largest(tables, pools, level, weighting)
+    return {"level": level, "tables": out, "pooled": pooled,
             "band": "stateff.predict's prediction band for the mean of the seeds measured at the batch",
             "band_wide": f"the same with the model's misfit added (batch_misfit: {batch_misfit.WHAT})"}

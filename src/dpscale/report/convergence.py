@@ -137,6 +137,10 @@ def summary_text(s: dict) -> str:
             f"{s['median_half_width_pct']['band_wide']:.1f}% of the prediction"
             + "".join(f"\n  +misfit where it is {src}: {_cov(b['coverage_wide'])}, median half-width "
                       f"{b['median_half_width_pct']:.1f}%" for src, b in s["by_misfit_source"].items())
+            + (f"\n  +misfit without its largest contributor ({s['without_largest']['family']}, "
+               f"{100 * s['without_largest']['share']:.0f}% of the pool's squared errors), its rows left out too: "
+               f"{_cov(s['without_largest']['coverage_wide'])}, median half-width "
+               f"{s['without_largest']['median_half_width_pct']:.1f}%" if s.get("without_largest") else "")
             + (f"\n  LEAKS: {s['leaks']}" if s["leaks"] else ""))
 
 

@@ -509,6 +509,20 @@ def public_pool() -> tuple:
     return tuple(convergence_check.public_pool(tables)) if tables else ()
 
 
+@functools.cache
+def public_coverage() -> dict | None:
+    """The borrowed misfit's band on the public tables, pooled one table per family: its
+    coverage and median half-width, and the same with its largest contributor left out
+    (convergence_check.without_largest); None without the tables."""
+    from dpscale.analysis import convergence, convergence_check
+    tables = [convergence.read(p) for p in sorted(PUBLIC_CONVERGENCE.glob("*/*.csv"))]
+    if not tables:
+        return None
+    p = convergence_check.check(tables)["pooled"]
+    return {"coverage_wide": p["coverage_wide"], "median_half_width_pct": p["median_half_width_pct"]["band_wide"],
+            "without_largest": p.get("without_largest")}
+
+
 def fit(points: list[dict]) -> tuple[dict | None, dict | None, str]:
     """The models of samples to target over the scored points (at most one seed short of
     the target, as MLPerf scores them): the line (batch_model.fit_batch_model) and the set

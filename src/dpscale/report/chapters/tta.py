@@ -511,12 +511,27 @@ def check_text(data: ReportData) -> str:
     return "; ".join(parts)
 
 
+def public_note() -> list[str]:
+    """The borrowed misfit on the public tables, with and without its largest contributor."""
+    c = tta.public_coverage()
+    if not c:
+        return []
+    w, x = c["coverage_wide"], c.get("without_largest")
+    out = (f"E(B)'s band with the misfit it borrows, on MLPerf's public tables (one per family): {w['k']} of "
+           f"{w['n']} inside, median half-width {c['median_half_width_pct']:.1f}% of the prediction")
+    if x:
+        out += (f"; without its largest contributor ({x['family']}, {100 * x['share']:.0f}% of the pool's squared "
+                f"errors) {x['coverage_wide']['k']} of {x['coverage_wide']['n']}, half-width "
+                f"{x['median_half_width_pct']:.1f}% (docs/public-convergence.md)")
+    return [out]
+
+
 def page(data: ReportData) -> Page:
     notes = missing_notes(data, tta.EXPERIMENT)
     check = check_text(data)
     return Page("tta", CHAPTER.title, prose("tta"),
                 figures=[figure(FIGURES[0], epochs_headline(data) + (f". {check}" if check else ""),
-                                notes + repeat_notes(data)),
+                                notes + repeat_notes(data) + public_note()),
                          figure(FIGURES[1], headline(data), notes)], tables=tables(data))
 
 
