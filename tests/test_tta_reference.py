@@ -48,7 +48,7 @@ def by_seed(runs, value):
 @pytest.fixture(scope="module")
 def results():
     out = {k: pooled(k) for k in KS}
-    assert all(len({r["seed"] for r in m["runs"]}) == 10 for m in out.values())   # the fresh seeds and 1-5
+    assert all(len({r["seed"] for r in m["runs"]}) >= 10 for m in out.values())   # fresh seeds and 1-5
     return out
 
 
