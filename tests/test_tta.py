@@ -475,3 +475,35 @@ def test_a_protocol_evaluation_charges_one_ranks_shard_and_the_instrument_charge
     assert q["eval_wall_s"] >= per_image * n
     # the clock moved by the training time between the two (none here), not by the instrument's pass
     assert q["seconds"] - clock_before < 0.02 < per_image * n
+
+
+@pytest.mark.multiproc
+def test_an_emulated_job_charges_its_sharded_protocol_evaluations_and_not_the_instruments(tiny_data, tmp_path):
+    """k=4 emulated on 2 gloo processes (2 ranks each), a target no network reaches, one
+    epoch of 64 images at a global batch of 32: the instrument evaluates at 32 samples, the
+    protocol at 64 (its cadence, once per epoch, and the budget). From the result's own
+    per-evaluation records: the instrument's charges nothing, the protocol's pass is one
+    rank's shard (32 test images / 4), and e, as the report computes it
+    (report.tta.eval_per_sample), is the protocol's charged seconds over the samples trained."""
+    from dpscale.report import tta as rtta
+    proto = {**TTA_TINY, "tta_target": 0.999, "tta_eval_every_epochs": 1, "tta_eval_every_samples": 32,
+             "tta_eval_near_every_samples": 0, "tta_seeds": [1, 2]}
+    spec = make_spec(tiny_data, "ddp_tta", 4, "book", proto=proto)
+    rc, res, log = run_job(spec, tmp_path)
+    assert rc == 0 and res["status"] == "ok", log[-3000:]
+    m = res["metrics"]
+    assert m["emulated"] and m["processes"] == 2 and m["ranks_per_process"] == 2
+    for run in m["runs"]:
+        roles = [(pt["samples"], pt["role"]) for pt in run["curve"]]
+        assert roles == [(32, "instrument"), (64, "protocol")], roles
+        inst, prot = run["curve"]
+        assert inst["eval_s"] == 0 and inst["eval_images"] == 0 and inst["eval_wall_s"] > 0
+        assert prot["eval_images"] == 32 // 4 and 0 < prot["eval_s"] <= prot["eval_wall_s"]
+        assert run["eval_s"] == prot["eval_s"] and run["instrument_evaluations"] == 1
+        # the clock between the two: the training between them and the protocol's charged pass, nothing else
+        assert prot["seconds"] - inst["seconds"] == pytest.approx(32 / prot["train_samples_per_s"] + prot["eval_s"])
+        assert run["instrument_s"] == pytest.approx(inst["eval_wall_s"] + prot["eval_wall_s"] - prot["eval_s"])
+    e = sum(pt["eval_s"] for run in m["runs"] for pt in run["curve"] if pt["role"] == "protocol") / \
+        sum(run["samples_trained"] for run in m["runs"])
+    assert rtta.eval_per_sample({"clock_runs": m["runs"]}) == pytest.approx(e, rel=1e-12)
+    assert m["protocol_evaluations_total"] == 2 and m["instrument_evaluations_total"] == 2
