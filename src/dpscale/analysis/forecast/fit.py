@@ -49,7 +49,7 @@ class ChosenRule:
 PINNED_F1 = ChosenRule(
     "f = 1 where nothing ran below k, in one host, for gloo ranks pinned to their own cores (not across a link)",
     "2026-12-04T14:26:21+00:00",
-    "the 16-core stand-in's k=2 probe (1.64, 1.27; reference/h200/logs/gpu/cpu_standin16/session41/README.md) and "
+    "the 16-core stand-in's k=2 probe (1.64, 1.27; reference/h200/logs/gpu/cpu_standin16/two-rounds-in-a-row/README.md) and "
     "the two-node stand-in's k=2 row (f = 1 would say 37.9% where 46.7% was measured), which chose 'not across a link'")
 CHOSEN = {r.name: r for r in (PINNED_F1,)}
 
