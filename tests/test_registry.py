@@ -164,3 +164,22 @@ def test_variants_and_ks_policies():
     with pytest.raises(KeyError, match="no experiment 'nope'"):
         registry.get("nope")
     assert dataclasses.replace(registry.get("fsdp"), name="x").name == "x"   # frozen, copyable declarations
+
+
+def test_every_experiment_has_its_cluster_resources_in_the_slurm_profile():
+    """profiles/slurm (issue #55): every experiment of the registry gets the measurement
+    block (CPUs and memory per GPU, whole nodes, a runtime), and that runtime covers the
+    longest the job's own limit lets it run at paper scale (ddp_tta: tta_timeout_s), so
+    the cluster never kills a job its watchdog would still let finish."""
+    import yaml
+    prof = yaml.safe_load((ROOT / "profiles/slurm/config.yaml").read_text())["set-resources"]
+    paper = yaml.safe_load((ROOT / "schemas/config.schema.yaml").read_text())["properties"]["scales"]["properties"][
+        "paper"]["default"]
+    missing = [e for e in registry.EXPERIMENTS if e not in prof]
+    assert not missing, f"profiles/slurm/config.yaml set-resources has no block for {missing}"
+    for name, e in registry.EXPERIMENTS.items():
+        r = prof[name]
+        assert {"cpus_per_gpu", "mem_mb_per_cpu", "runtime", "slurm_extra"} <= set(r), name
+        assert "--exclusive" in r["slurm_extra"], name
+        if e.limit_key and e.limit_key in paper:
+            assert r["runtime"] * 60 >= paper[e.limit_key], (name, r["runtime"], paper[e.limit_key])
