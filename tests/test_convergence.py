@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from dpscale.analysis import batch_misfit, convergence as cv, convergence_check as cc
+from dpscale.analysis import convergence as cv, convergence_check as cc
+from dpscale.analysis.stateff import batch_misfit
 from dpscale.analysis.stateff import batch_model as stateff
 
 RCP = ROOT / "reference/public/convergence"

@@ -443,7 +443,7 @@ def test_the_forecast_band_is_the_fits_band_times_the_clock_per_sample():
 
 def test_the_forecasts_band_carries_the_between_batch_misfit_with_its_source():
     """The project's E(B) band (the holdout's mixture and the forecast's rows) is widened by
-    the misfit estimated out of sample (dpscale.analysis.batch_misfit): with four batches a
+    the misfit estimated out of sample (dpscale.analysis.stateff.batch_misfit): with four batches a
     fit has too few "predict the next" errors of its own, so it borrows a pool and says so.
     A pool of 10% relative errors widens the band; without any, the band is the fit's."""
     rng = np.random.default_rng(3)

@@ -330,3 +330,42 @@ def test_an_edit_reruns_exactly_the_experiments_that_run_the_module(tmp_path):
     runs_ddp = {e.name for e in registry.EXPERIMENTS.values() if "dpscale.measure.torch_ddp" in e.sources}
     assert runs_ddp >= {"ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "fsdp"}
     assert digests_changed_by(tmp_path, "measure/torch_ddp.py") == runs_ddp
+
+
+# Inside analysis/, the same rule one level down (issue #55): its ground (single modules
+# the packages read: statistics, the cost model, MLPerf's scoring), then its packages
+# (stateff: statistical efficiency and the E(B) model's own error; forecast), then the
+# modules that check a model on data (convergence, probe, roofline), on top.
+ANALYSIS_FLOORS = ({"stats", "costmodel", "tta"}, {"stateff", "forecast"})
+
+
+def analysis_floor(module: str) -> int:
+    part = module.split(".")[2] if module.count(".") >= 2 else ""
+    return next((i for i, f in enumerate(ANALYSIS_FLOORS) if part in f), len(ANALYSIS_FLOORS))
+
+
+def analysis_upward(g: dict) -> list[str]:
+    """Arrows up inside analysis/, and arrows between its packages (each stands alone)."""
+    out = []
+    for m, ns in g.items():
+        if not m.startswith("dpscale.analysis."):
+            continue
+        for n in sorted(x for x in ns if x.startswith("dpscale.analysis.")):
+            fm, fn = analysis_floor(m), analysis_floor(n)
+            across = fm == fn == 1 and m.split(".")[2] != n.split(".")[2]
+            if fn > fm or across:
+                out.append(f"{m} imports {n}")
+    return out
+
+
+def test_analysis_imports_only_run_downward_inside_it():
+    assert not analysis_upward(graph())
+
+
+def test_the_analysis_check_catches_an_arrow_up():
+    """The old place of batch_misfit: outside stateff, read by stateff, reading stateff."""
+    g = {"dpscale.analysis.stateff.model_choice": frozenset({"dpscale.analysis.batch_misfit"}),
+         "dpscale.analysis.batch_misfit": frozenset({"dpscale.analysis.stateff.batch_model"}),
+         "dpscale.analysis.forecast.fit": frozenset({"dpscale.analysis.stateff.common"})}
+    assert sorted(analysis_upward(g)) == ["dpscale.analysis.forecast.fit imports dpscale.analysis.stateff.common",
+                                          "dpscale.analysis.stateff.model_choice imports dpscale.analysis.batch_misfit"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import statistics
 
-from dpscale.analysis import batch_misfit
+from dpscale.analysis.stateff import batch_misfit
 from dpscale.analysis.convergence import Table
 
 LEVEL = batch_misfit.LEVEL

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from dpscale.analysis.stateff import batch_model, power_law
+from dpscale.analysis.stateff import batch_misfit, batch_model, power_law
 from dpscale.analysis.stateff.common import LEVEL, mvt, percentiles, reached
 
 NAMES = {"line": "the line", "power": "the power law"}
@@ -113,7 +113,7 @@ def choose(points: dict, fit_batches: Iterable[float] | None = None, level: floa
            sources: dict | None = None, pool=()) -> dict:
     """Both models fitted to the batches in fit_batches (default: all), weighted by their
     leave-one-batch-out scores over those same batches only. pool: "predict the next"
-    residuals from elsewhere (public convergence tables: dpscale.analysis.batch_misfit),
+    residuals from elsewhere (public convergence tables: dpscale.analysis.stateff.batch_misfit),
     which misfit_band borrows where these batches give too few of their own. Returns
     {"fits": {name: fit}, "weights", "elpd", "folds", "method", "lobo" (the folds),
     "fit_batches", "points" (the fitted batches' seeds), "pool"}; ValueError when no model
@@ -173,7 +173,6 @@ def misfit(s: dict, batch: float) -> dict | None:
     batch_misfit.MIN_OWN, else with s["pool"], public tables', beside them), and the
     leverage h by which misfit at the fitted batches reaches `batch` through the fit.
     None where nothing can be estimated (no points, no residual)."""
-    from dpscale.analysis import batch_misfit
     pts = s.get("points")
     if not pts or "line" not in s["fits"]:
         return None
