@@ -51,11 +51,12 @@ def expected(out) -> dict:
     rows = [r for r in csv.DictReader(open(out / "tables" / "goodput.csv")) if r["lr_rule"] == "book"]
     base = {r["machine"]: float(r["samples_per_s"]) for r in rows if r["k"] == "1" and r["samples_per_s"]}
     got = {}
-    for r in rows:
-        if r["k"] == "1" or not r["samples_per_s"] or not r["speedup"]:
+    for r in rows:   # the clock form is absent (None) where a k's evaluations were not timed as a job's
+        if r["k"] == "1" or not r["samples_per_s"] or not r["speedup_training_only"]:
             continue
         got[(r["machine"], int(r["k"]))] = (f"{float(r['samples_per_s']) / base[r['machine']]:.2f}",
-                                            f"{float(r['speedup_training_only']):.2f}", f"{float(r['speedup']):.2f}")
+                                            f"{float(r['speedup_training_only']):.2f}",
+                                            f"{float(r['speedup']):.2f}" if r["speedup"] else None)
     return got
 
 
@@ -96,10 +97,10 @@ def test_the_first_screen_gives_one_growth_and_one_speedup_per_point(reports):
             assert got["unnamed"] == 0, (machine, k, part)
             for kind in seen:
                 seen[kind] |= set(got[kind])
-        assert seen == {"growth": {growth}, "train": {train}, "clock": {clock}}, (machine, k, seen)
+        assert seen == {"growth": {growth}, "train": {train}, "clock": {clock} if clock else set()}, (machine, k, seen)
         rows = [r for r in table(screen) if r["machine"] == machine and r["k"] == str(k) and r["run"] != "predicted"]
         assert [(r["throughput_x"], r["tta_train_x"], r["tta_x"]) for r in rows] == \
-            [(f"{growth}x", f"{train}x", f"{clock}x")]
+            [(f"{growth}x", f"{train}x", f"{clock}x" if clock else "–")]
 
 
 def table(screen: str) -> list[dict]:
@@ -129,7 +130,7 @@ def summary_rows(text: str, machine: str) -> dict[int, tuple]:
     block = block[:block.find("\n\n", 1)]
     out = {}
     for line in block.splitlines():
-        m = re.match(rf"\s+(\d+)\s+{X}{BAND}(?: forecast(?: \d+%)?)?\s+{X}{BAND}\s+{X}", line)
+        m = re.match(rf"\s+(\d+)\s+{X}{BAND}(?: forecast(?: \d+%)?)?\s+{X}{BAND}\s+(?:{X}|–)", line)
         if m:
             out[int(m.group(1))] = m.groups()[1:]
     return out
