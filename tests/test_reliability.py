@@ -306,3 +306,19 @@ def test_unwritable_results_folder_fails_clearly_and_keeps_artifact(repo_after_s
     assert p.returncode != 0
     assert "Operation not permitted" in text or "Permission denied" in text or "Read-only" in text, text[-2000:]
     assert target.read_bytes() == old
+
+
+def test_a_hung_reason_names_the_timeout_that_fired():
+    """Issue #53: a stopped rank, killed by the outer watchdog after gloo's own timeout had
+    fired in rank 0's log ('Timed out waiting 108000ms'), was recorded as if no
+    process-group timeout had fired. The reason names which clock stopped the job."""
+    from dpscale.run import joblogs, watchdog
+    out = watchdog.Outcome(rc=None, elapsed=180.2, killed="limit", stray=False)
+    gloo = {"rank 0": "[default0]: RuntimeError: [../gloo/transport/tcp/pair.cc:534] Timed out waiting 108000ms"}
+    assert joblogs.timed_out(gloo)
+    said = watchdog.hung_how(out, 180, joblogs.timed_out(gloo))
+    assert "process-group timeout" in said and "had fired first" in said and "no rank's" not in said
+    quiet = watchdog.hung_how(out, 180, joblogs.timed_out({"rank 0": "step 12"}))
+    assert "no rank's process-group timeout" in quiet
+    alone = watchdog.hung_how(watchdog.Outcome(rc=1, elapsed=110.0, killed=None, stray=False), 180, True)
+    assert alone.startswith("a rank's process-group timeout fired after 110.0 s")

@@ -240,6 +240,20 @@ def flight_evidence(job: Job) -> dict:
     return out
 
 
+def hung_how(out: Outcome, limit: float, rank_timed_out: bool) -> str:
+    """Which clock stopped a job that made no progress: the outer watchdog, and whether a
+    rank's process-group timeout (its log says so: gloo's 'Timed out waiting', NCCL's
+    watchdog) had fired first, or that timeout alone."""
+    pg = specs.pg_timeout_s(limit)
+    if out.killed and rank_timed_out:
+        return (f"killed by the outer watchdog after {out.elapsed:.1f} s (limit {limit:g} s); a rank's "
+                f"process-group timeout of {pg:g} s had fired first (its log says so) without ending the job")
+    if out.killed:
+        return (f"killed by the outer watchdog after {out.elapsed:.1f} s (limit {limit:g} s; no rank's "
+                f"process-group timeout of {pg:g} s fired before it)")
+    return f"a rank's process-group timeout fired after {out.elapsed:.1f} s (timeout {pg:g} s, limit {limit:g} s)"
+
+
 def record_outcome(job: Job, out: Outcome, produced: Path, label: str = "") -> dict | None:
     """The end of one launch: its ok result (which the worker wrote to `produced`), or
     None once the job's record is written: hung, failed, or not ok by the worker's own
@@ -252,11 +266,7 @@ def record_outcome(job: Job, out: Outcome, produced: Path, label: str = "") -> d
     evidence = {**job.evidence(log_text, logs), **fr, "stray_processes": out.stray}
     if out.killed == "limit" or (out.rc != 0 and (joblogs.timed_out(texts) or fr.get("hung_collective"))):
         produced.unlink(missing_ok=True)
-        pg = specs.pg_timeout_s(limit)
-        how = (f"killed by the outer watchdog after {out.elapsed:.1f} s (limit {limit:g} s; no rank's "
-               f"process-group timeout of {pg:g} s fired before it)" if out.killed
-               else f"a rank's process-group timeout fired after {out.elapsed:.1f} s "
-                    f"(timeout {pg:g} s, limit {limit:g} s)")
+        how = hung_how(out, limit, joblogs.timed_out(texts))
         detail = (flight.summary(fr["hung_collective"]) if fr.get("hung_collective")
                   else joblogs.stuck_lines(texts))
         reason = f"{label}no progress: {how}" + (f"; {detail}" if detail else "")
