@@ -163,3 +163,14 @@ def test_a_runs_results_folder_read_as_a_machine_finds_its_plan(tmp_path):
     assert not [e for e in m.errors if "no plan recorded" in e], m.errors
     (res / "report" / "plan.json").unlink()
     assert [e for e in load_reference(res).errors if "no plan recorded" in e]
+
+
+def test_forecast_and_export_answer_alike_outside_a_project(tmp_path, monkeypatch, capsys):
+    """Issue #53: outside a project folder `forecast` read the repository's machines while
+    `export` refused. Both now read ./reference where it exists, else the repository's,
+    and say so."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.default_reference("export") == ROOT / "reference"
+    assert "no ./reference here" in capsys.readouterr().err
+    (tmp_path / "reference").mkdir()
+    assert cli.default_reference("forecast") == Path("reference")

@@ -186,7 +186,7 @@ def forecast(a) -> int:
     if a.fabric_check:
         print(fcr.fabric_check_text(a.fabric_check, json_path=a.json))
         return 0
-    dirs = a.dirs or reference_folders([ROOT / "reference"])
+    dirs = a.dirs or reference_folders([default_reference("forecast")])
     bad = [d for d in dirs if not layout.kept(d).has_results()]
     if bad:
         raise SystemExit(f"dpscale forecast: {bad[0]} has no runs/ folder; pass a folder kept by `dpscale keep` "
@@ -222,6 +222,17 @@ report writes the same table as results/report/results.csv).
   dpscale export --to - | head                    to standard output
 
 Read it with pandas.read_csv: value, ci_lo and ci_hi come back as float64."""
+
+
+def default_reference(command: str) -> Path:
+    """Where `forecast` and `export` read kept machines without a folder named: ./reference
+    (a run's working folder, where `dpscale keep` puts them), else this repository's
+    reference/ (outside a project folder), said on stderr: both commands answer alike."""
+    here = Path("reference")
+    if here.is_dir():
+        return here
+    print(f"dpscale {command}: no ./reference here; reading the repository's {ROOT / 'reference'}", file=sys.stderr)
+    return ROOT / "reference"
 
 
 def export(dirs: list[Path], to: str) -> int:
@@ -334,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         print(compare.compare(a.a, a.b))
         return 0
     if a.command == "export":
-        rows = export(a.dirs or [Path("reference")], a.to)
+        rows = export(a.dirs or [default_reference("export")], a.to)
         if a.to != "-":
             print(f"wrote {rows} rows to {a.to}")
         return 0
