@@ -165,3 +165,17 @@ def test_closing_from_other_results_still_says_a_refused_data_copy(tmp_path):
     assert "h200: k=2" not in text
     assert ("data: Fashion-MNIST in /my copy was refused (train-images-idx3-ubyte.gz is truncated); the run used "
             "debian instead") in text.splitlines()
+
+
+def test_the_closing_lines_name_the_ks_that_were_skipped():
+    """Issue #53: `ks=[1,2,4,8]` on two cores skipped k=4 and 8 with a clear reason, but the
+    closing lines said only that every planned measurement left a number or was skipped."""
+    from types import SimpleNamespace
+    why4 = "k=4 needs 4 devices; this machine has 2"
+    m = SimpleNamespace(label="this run", results={
+        ("ddp_weak", "cached", 4): {"status": "skipped", "reason": why4},
+        ("ddp_weak", "cached", 8): {"status": "skipped", "reason": "k=8 needs 8 devices; this machine has 2"},
+        ("ddp_weak", "seed", 4): {"status": "skipped", "reason": why4},
+        ("ddp_weak", "cached", 2): {"status": "ok"}})
+    assert summary.skipped_lines(m) == [f"this run: skipped at k = 4, 8: {why4} (and so at each k) "
+                                        "(ddp_weak/cached, ddp_weak/seed)"]

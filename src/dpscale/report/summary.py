@@ -147,6 +147,28 @@ def lone_lines(m) -> list[str]:
     return [f"{m.label}: not measured, {LONE_K1} on this machine (no k >= 2 can run): {', '.join(lone)}"]
 
 
+def skipped_lines(m, most: int = 6) -> list[str]:
+    """The k's this machine skipped (not the lone k=1 series: lone_lines says those),
+    grouped by their reason: 'skipped at k = 4, 8: <reason> (ddp_weak/cached, ...)'."""
+    from dpscale.plan.specs import LONE_K1
+    by: dict = {}
+    for (e, v, k), r in sorted(m.results.items()):
+        why = r.get("reason") or "no reason recorded"
+        if r.get("status") == "skipped" and LONE_K1 not in why:
+            key = re.sub(r"\d+", "N", why)   # one line per kind of reason, not per k
+            by.setdefault(key, {"ks": set(), "series": set(), "why": why})   # the first (smallest k)'s words
+            by[key]["ks"].add(k)
+            by[key]["series"].add(f"{e}/{v}")
+    out = []
+    for x in by.values():
+        series = sorted(x["series"])
+        named = ", ".join(series[:most]) + (f" and {len(series) - most} more" if len(series) > most else "")
+        ks = sorted(x["ks"])
+        out.append(f"{m.label}: skipped at k = {', '.join(map(str, ks))}: {x['why']}"
+                   + (" (and so at each k)" if len(ks) > 1 else "") + f" ({named})")
+    return out
+
+
 def text(data, html_path) -> str:
     """The closing summary of a built report (dpscale.report.build writes it)."""
     out = ["", RULE, HEAD, "(speed-up over k=1 [95% interval]; samples/s of the step the time-to-accuracy runs "
@@ -165,7 +187,7 @@ def text(data, html_path) -> str:
     out += (failed_lines(cur) or [f"{cur.label}: every planned measurement left a number or was skipped"]) if cur \
         else []
     out += [f"data: {a}" for a in (cur.alerts if cur else [])]
-    out += lone_lines(cur) if cur else []
+    out += lone_lines(cur) + skipped_lines(cur) if cur else []
     out += ["", f"report: {Path(html_path).resolve()}"]
     return "\n".join(out) + "\n"
 
