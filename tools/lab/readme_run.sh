@@ -35,7 +35,7 @@ while [ ! -f "$RUN/rc" ] && [ $(( $(date +%s) - t0 )) -lt "${2:-540}" ]; do
 done
 if [ -f "$RUN/rc" ]; then
   echo "ended rc=$(cat "$RUN/rc")"; grep -E "Elapsed time|steps \(|Nothing to be done" "$RUN/smk.log" | tail -3
-  (cd "$WD" && tar czf "$OUT/results.tgz" results logs .snakemake/log 2>/dev/null)
+  (cd "$WD" && tar czf "$OUT/results.tgz" --exclude=results/data --exclude="*.ranks" results logs .snakemake/log 2>/dev/null)
   tail -60 "$RUN/smk.log" > "$OUT/smk-tail.log"; cp "$RUN/smk.log" "$OUT/" 2>/dev/null
 else
   echo "still running after ${2:-540} s"
