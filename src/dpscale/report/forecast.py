@@ -285,11 +285,11 @@ def of_machine(m: Machine, cfg: dict, given) -> dict:
 
 def compute(data: ReportData) -> list[dict]:
     """Every machine's forecast, once per ReportData."""
-    if getattr(data, "_forecast", None) is None:
+    def every():
         cfg = settings(data.build.get("resolved"))
         given = default_fabric(cfg)
-        data._forecast = [of_machine(m, cfg, given) for m in data.machines]
-    return data._forecast
+        return [of_machine(m, cfg, given) for m in data.machines]
+    return data.memo("forecast", every)
 
 
 def primary(f: dict, family: str = "torch") -> dict | None:

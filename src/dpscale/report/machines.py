@@ -295,6 +295,14 @@ class ReportData:
     build: dict = field(default_factory=dict)   # what built the report: version, commit, command, ...
     notes: list[str] = field(default_factory=list)
     book_rows: list = field(default_factory=list)   # the chapters' rows of the book-comparison table
+    derived: dict = field(default_factory=dict)     # values computed once over every machine (memo)
+
+    def memo(self, key, compute):
+        """compute(), once per key and report: what every chapter reads of all the machines
+        together (every forecast, every time-to-accuracy record). Callers do not change it."""
+        if key not in self.derived:
+            self.derived[key] = compute()
+        return self.derived[key]
 
     @property
     def measured(self) -> list[Machine]:

@@ -39,11 +39,11 @@ GOODPUT_COLUMNS = ["machine", "lr_rule", "k", "run", "samples_per_s", "samples_p
 def numbers(data: ReportData) -> list[tuple[Machine, dict]]:
     """(machine, dpscale.report.tta.of_machine) of every measured machine with a
     time-to-accuracy result, once per ReportData."""
-    if getattr(data, "_tta", None) is None:
+    def every():
         fcs = {f["machine"]: f for f in fcr.compute(data)}
         recs = [(m, tta.of_machine(m, fcs.get(m.name))) for m in data.measured]
-        data._tta = [(m, r) for m, r in recs if r["rules"]]
-    return data._tta
+        return [(m, r) for m, r in recs if r["rules"]]
+    return data.memo("tta", every)
 
 
 def of(data: ReportData, m: Machine) -> dict | None:
