@@ -71,7 +71,7 @@ onsuccess:
             TARGETS,
             rules.report.output.summary,
             rules.report.output.html,
-            replanned=REPLAN.found,
+            replanned=REPLAN.outcome(),
         )
     )
 
@@ -84,6 +84,6 @@ onerror:
             rules.report.output.html,
             snakemake_log=log,
             failed=True,
-            replanned=REPLAN.found,
+            replanned=REPLAN.outcome(),
         )
     )

@@ -28,10 +28,16 @@ if workflow.is_main_process:
     for _target in TARGETS:
         if _why := results.last_failure(_target):
             logger.info(f"{_target}: the last attempt failed ({_why}); it runs again")
-# A result missing although the last report read it, or damaged, is measured again
-# (dpscale.plan.replan): through the measurement rules' `retry` param.
+# A result missing although the last report read it, damaged, failed, or measured by
+# other code or another protocol than the plan's, is measured again (dpscale.plan.replan):
+# its attempt stamp, an input of its measurement, and the report's key, an output of the
+# report, change name, so Snakemake reruns both with or without its metadata.
 REPLAN = replan.Replanner(
-    dry=lambda: workflow.dryrun, main=workflow.is_main_process, say=logger.warning
+    TARGETS,
+    jobs.planned_of(RESOLVED, FP),
+    dry=lambda: workflow.dryrun,
+    main=workflow.is_main_process,
+    say=logger.warning,
 )
 # Entry points, passed to each job as params.scripts (lint: no globals in shell).
 # Resolved from the workflow's own folder, so `snakemake -d elsewhere` finds them, and

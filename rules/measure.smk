@@ -5,14 +5,18 @@
 # k devices; srun + one torchrun agent per node when k spans nodes) once it holds
 # its devices' locks, and records a skipped, hung or failed run instead of leaving
 # nothing behind: a failed job does not stop the workflow, the report shows it, and
-# a plain rerun retries it (params.retry).
+# a plain rerun retries it: the attempt stamp (dpscale.plan.replan), also without
+# Snakemake's metadata. The data files are ancient(): a cache rebuilt for another job
+# (a fresh clone given results/ without results/data) must not rerun every measurement;
+# the planner compares each result's recorded cache sha256 with the cache instead.
 for _exp in registry.EXPERIMENTS.values():
 
     rule:
         name:
             _exp.name
         input:
-            **jobs.rule_inputs(_exp, PROTO),
+            **jobs.rule_inputs(_exp, PROTO, ancient),
+            attempt=jobs.attempt_of(_exp, REPLAN),
         output:
             json=layout.result_path(_exp.name, "{variant}", "{k}"),
         log:
@@ -34,3 +38,18 @@ for _exp in registry.EXPERIMENTS.values():
             " --rank-logs {log:q}.ranks --lock-dir {resources.lock_dir:q}"
             " --lock-wait-s {resources.lock_wait_s} --cache-dir {resources.cache_dir:q}"
             " > {log:q} 2>&1"
+
+
+# A result's n-th attempt (dpscale.plan.replan): an empty file whose name is new whenever
+# an attempt failed or the planner found the result missing, damaged or stale.
+rule attempt_stamp:
+    output:
+        layout.attempt_stamp(layout.result_path("{experiment}", "{variant}", "{k}"), "{n}"),
+    log:
+        f"{layout.LOGS}/attempts/{{experiment}}/{{variant}}/k{{k}}.attempt-{{n}}.log",
+    wildcard_constraints:
+        k=r"\d+",
+        n=r"\d+",
+    localrule: True
+    shell:
+        "touch {output:q} > {log:q} 2>&1"

@@ -59,7 +59,11 @@ rule report:
         cache_meta=INPUT_FILES["meta"],
         book=BOOK,
         references=REFERENCE_FILES,
+        # every result's attempt stamp (dpscale.plan.replan): with the key below, how a
+        # result found missing, damaged, failed or stale is measured again without metadata
+        attempts=REPLAN.stamps(),
     output:
+        key=layout.report_key_path(REPLAN.report_key(specs.dumps(RESOLVED), provenance.report_digest())),
         html=report(
             f"{REPORT}/report.html",
             caption=f"{PROSE}/snakemake_report.rst",
@@ -119,4 +123,5 @@ rule report:
         f" --runs {layout.RUNS}"
         " --fingerprint {input.fingerprint:q}"
         " --targets {input.runs:q} --references {params.references:q} --book {input.book:q}"
-        " --resolved {params.resolved:q} --out-dir {params.out_dir:q} --workers {threads} > {log:q} 2>&1"
+        " --resolved {params.resolved:q} --out-dir {params.out_dir:q} --key {output.key:q}"
+        " --workers {threads} > {log:q} 2>&1"

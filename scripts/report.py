@@ -39,6 +39,9 @@ ap.add_argument("--book", default=str(book.PATH),
                 help="the book's numbers (default: %(default)s; a missing file means none)")
 ap.add_argument("--resolved", default=None, help="the resolved configuration as JSON (its hash is shown)")
 ap.add_argument("--out-dir", required=True, help="where report.html, report.md, figures/ and tables/ go")
+ap.add_argument("--key", default=None,
+                help="write this file once the report is built (the rule's output named by "
+                     "dpscale.plan.replan.Replanner.report_key), and remove the earlier ones")
 ap.add_argument("--workers", type=int, default=1, help="processes drawing the figures (default: %(default)s)")
 a = ap.parse_args()
 # Snakemake killed while the report draws (kill -9, a closed terminal): stop, write nothing
@@ -56,4 +59,10 @@ try:
                     name=a.name, build_info=info, plan_info=plan_info, workers=a.workers)
 except Refused as e:
     sys.exit(str(e))
+if a.key:
+    from dpscale.results import write_atomic  # noqa: E402
+    for old in Path(a.key).parent.glob("key-*.txt"):
+        old.unlink(missing_ok=True)
+    write_atomic(a.key, "the report was built for these attempt counts, this configuration and this "
+                        "report code (dpscale.plan.replan.Replanner.report_key)\n")
 print(json.dumps(summary, indent=1))

@@ -392,7 +392,7 @@ def test_a_crashed_job_is_reported_and_a_plain_rerun_retries_it_only(primed, tmp
     assert len(others) == 1, others
 
     dry = smk(repo, "-n", "--cores", "2", "report", *cfg)
-    assert job_counts(dry.stdout) == {"ddp_weak": 1, "report": 1}, dry.stdout[-3000:]
+    assert job_counts(dry.stdout) == {"attempt_stamp": 1, "ddp_weak": 1, "report": 1}, dry.stdout[-3000:]
     text = dry.stdout + dry.stderr
     assert f"results/runs/{victim}.json" in text and "failed attempts: 1" in text, text[-3000:]
     assert "the last attempt failed (RuntimeError: injected fault" in text

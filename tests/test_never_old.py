@@ -79,14 +79,15 @@ def test_a_plain_run_measures_again_what_was_deleted_truncated_replaced_or_edite
     before = tree(repo / "results")
 
     dry = smk(repo, "-n", "--cores", "2", "report", *cfg)
-    assert job_counts(dry.stdout) == {"ddp_weak": 4, "report": 1}, dry.stdout[-3000:]
+    assert job_counts(dry.stdout) == {"attempt_stamp": 4, "ddp_weak": 4, "report": 1}, dry.stdout[-3000:]
     assert tree(repo / "results") == before, "a dry run wrote under results/"
     for t, state in zip(TARGETS, ("missing", "unreadable", "unreadable", "altered")):
         assert f"{t}: {state}: " in dry.stdout + dry.stderr and "a real run measures it again" in dry.stdout
 
     run = smk(repo, "--cores", "2", "report", *cfg)
     end = closing_lines(run)
-    assert "at this run's start 4 planned result(s) held no number, so they were measured again:" in end, end
+    assert "at this run's start 4 planned result(s) held no number it could serve, so they were measured " \
+           "again:" in end, end
     assert "this run: every planned measurement left a number or was skipped" in end
     for t in TARGETS:
         a = results.audit(repo / t)
@@ -130,6 +131,125 @@ def test_an_interrupted_forced_rerun_is_measured_again(done, tmp_path):
     assert all(plan["read"][t.removeprefix("results/runs/")] == digest(repo, t) for t in TARGETS)
     again = smk(repo, "--cores", "2", "report", *cfg)
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+# ---------------------------------------------------------------- without Snakemake's metadata
+# Users lose .snakemake/ (deleted, results/ copied to another clone, cached in CI,
+# --cleanup-metadata). The project's own record decides what is up to date
+# (dpscale.plan.replan): each case ends measured again, or taken as it is, and the
+# closing lines say which.
+
+def fail_record(path: Path) -> None:
+    """What the watchdog leaves after a failed attempt: a sealed `failed` record and a
+    line in k<k>.failures (dpscale.run.watchdog.Job.fail)."""
+    r = results.load_result(path)
+    r.pop("digest")
+    r.update(status="failed", reason="RuntimeError: injected", metrics={})
+    results.save(path, r)
+    results.record_failure(path, "RuntimeError: injected")
+
+
+def older_version(path: Path, **change) -> None:
+    """The result as another dpscale version wrote it: other code digest or protocol, sealed."""
+    r = results.load_result(path)
+    r.pop("digest")
+    if "code" in change:
+        r["code"]["sources_sha256"] = change["code"]
+    if "train_images" in change:
+        r["config"]["protocol"]["train_images"] = change["train_images"]
+    results.save(path, r)
+
+
+def unseal(path: Path) -> None:
+    r = json.loads(path.read_text())
+    r.pop("digest")
+    path.write_text(json.dumps(r, indent=1))
+
+
+@pytest.mark.parametrize("metadata", ["gone", "kept"])
+def test_deleted_truncated_failed_and_unsealed_results_are_measured_again(done, tmp_path, metadata):
+    repo, cfg = copy_done(done, tmp_path / "repo")
+    if metadata == "gone":
+        shutil.rmtree(repo / ".snakemake")
+    old = {t: digest(repo, t) for t in TARGETS}
+    deleted, truncated, failed, unsealed = TARGETS
+    (repo / deleted).unlink()
+    damage(repo / truncated, "truncate")
+    fail_record(repo / failed)
+    unseal(repo / unsealed)
+    before = tree(repo / "results")
+
+    dry = smk(repo, "-n", "--cores", "2", "report", *cfg)
+    assert job_counts(dry.stdout) == {"attempt_stamp": 4, "ddp_weak": 4, "report": 1}, dry.stdout[-3000:]
+    assert tree(repo / "results") == before, "a dry run wrote under results/"
+
+    run = smk(repo, "--cores", "2", "report", *cfg)
+    end = closing_lines(run)
+    assert "at this run's start 3 planned result(s) held no number it could serve, so they were measured " \
+           "again:" in end, end
+    for t, state in ((deleted, "missing"), (truncated, "unreadable"), (unsealed, "unsealed")):
+        assert f"  {t}: {state}: " in end, end
+    assert "this run: every planned measurement left a number or was skipped" in end, end
+    for t in TARGETS:
+        a = results.audit(repo / t)
+        assert a.sound and a.status == "ok" and a.digest != old[t], t
+    shutil.rmtree(repo / ".snakemake", ignore_errors=metadata == "kept")
+    assert "Nothing to be done" in smk(repo, "-n", "--cores", "2", "report", *cfg).stdout
+
+
+@pytest.mark.parametrize("change", ["source edited", "protocol changed"])
+def test_a_result_of_other_code_or_another_protocol_is_measured_again_without_metadata(done, tmp_path, change):
+    repo, cfg = copy_done(done, tmp_path / "repo")
+    shutil.rmtree(repo / ".snakemake")
+    old = {t: digest(repo, t) for t in TARGETS}
+    if change == "source edited":
+        with open(repo / "src/dpscale/measure/torch_ddp.py", "a") as f:
+            f.write("\nEDITED = True   # a change to what the measured code does\n")
+        why = "stale: measured by other code"
+    else:
+        cfg = [c.replace("train_images: 32", "train_images: 64") for c in cfg]
+        why = "stale: measured with another protocol or on another machine than the plan's: " \
+              "config.protocol.train_images 32 (plan: 64)"
+    run = smk(repo, "--cores", "2", "report", *cfg)
+    end = closing_lines(run)
+    assert "at this run's start 4 planned result(s)" in end and f"  {TARGETS[0]}: {why}" in end, end
+    for t in TARGETS:
+        assert digest(repo, t) not in (None, old[t]), t
+    report = json.loads((repo / "results/report/plan.json").read_text())
+    assert report["read"] == {t.removeprefix("results/runs/"): digest(repo, t) for t in TARGETS}
+    shutil.rmtree(repo / ".snakemake")
+    assert "Nothing to be done" in smk(repo, "-n", "--cores", "2", "report", *cfg).stdout
+
+
+def test_results_of_another_version_copied_into_a_fresh_clone_are_taken_or_measured_again_once(
+        done, primed, tmp_path):
+    """A fresh clone given results/ from elsewhere, no .snakemake/: a result whose code and
+    protocol match the plan is taken as it is; one unsealed, or sealed by a version with
+    other code or another protocol, is measured again, once."""
+    repo = copy_primed(primed, tmp_path / "clone")
+    shutil.rmtree(repo / ".snakemake")
+    cfg = [*CFG, f"locks={{dir: {repo / 'locks'}}}"]
+    shutil.rmtree(repo / "results")
+    shutil.copytree(done / "results", repo / "results")
+    genuine, unsealed, other_code, other_protocol = TARGETS
+    unseal(repo / unsealed)
+    older_version(repo / other_code, code="0123456789abcdef")
+    older_version(repo / other_protocol, train_images=128)
+    kept = {genuine: (digest(repo, genuine), (repo / genuine).stat().st_mtime_ns)}
+
+    run = smk(repo, "--cores", "2", "report", *cfg)
+    end = closing_lines(run)
+    assert "at this run's start 3 planned result(s) held no number it could serve, so they were measured " \
+           "again:" in end, end
+    assert f"  {unsealed}: unsealed: " in end and f"  {other_code}: stale: measured by other code" in end
+    assert f"  {other_protocol}: stale: measured with another protocol" in end and "altered" not in end, end
+    assert (digest(repo, genuine), (repo / genuine).stat().st_mtime_ns) == kept[genuine]
+    for t in (unsealed, other_code, other_protocol):
+        assert results.audit(repo / t).sound, t
+    for _ in range(2):   # never in a loop
+        shutil.rmtree(repo / ".snakemake", ignore_errors=True)
+        again = smk(repo, "--cores", "2", "report", *cfg)
+        assert "Nothing to be done" in again.stdout + again.stderr, closing_lines(again)
 
 
 def _tmpfs(folder: Path, size: str) -> bool:

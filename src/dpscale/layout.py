@@ -6,6 +6,7 @@ A run's working folder (Snakemake's working directory; `working()`):
     results/fingerprint.json                        this machine's hardware and software
     results/model/, results/data/                   the model's FLOPs; the data and its provenance (*.json)
     results/roofline.json                           a per-layer profile, where one was made (tools/lab/)
+    results/runs/<experiment>/<variant>/k<k>.failures, .attempt-<n>   its attempts (dpscale.plan.replan)
     results/report/                                 the report, plan.json (what was planned) among it
     logs/<experiment>/<variant>/k<k>.log            the job's log (+ .ranks/, .rank<r>.log: log_path)
 
@@ -60,6 +61,17 @@ def result_path(experiment: str, variant: str, k, root: str = RUNS) -> str:
     """Where a measurement's result lives (k may be a wildcard, "{k}"):
     <root>/<experiment>/<variant>/k<k>.json."""
     return f"{root}/{job_label(experiment, variant, k)}.json"
+
+
+def attempt_stamp(result: str, n) -> str:
+    """k<k>.attempt-<n> beside a result: the empty file that stands for its n-th attempt
+    (dpscale.plan.replan; n may be a wildcard). Not a result: the glob k*.json misses it."""
+    return str(Path(result).with_suffix(f".attempt-{n}"))
+
+
+def report_key_path(key: str, root: str = REPORT) -> str:
+    """The report's output named after what it was built for (dpscale.plan.replan.report_key)."""
+    return f"{root}/key-{key}.txt"
 
 
 def log_path(experiment: str, variant: str, k, root: str = LOGS) -> str:

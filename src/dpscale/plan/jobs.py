@@ -8,6 +8,9 @@ Parse-time light: no torch, no jax.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from dpscale import layout, provenance, registry, results
 from dpscale.data.load import SPLITS
 from dpscale.plan import cluster as dscluster, specs
@@ -26,10 +29,12 @@ def input_files(protocol: dict) -> dict:
             "tta_cache": f"{DATA}/fmnist_{tta}px.npz", "tta_meta": f"{DATA}/fmnist_{tta}px.json"}
 
 
-def rule_inputs(exp: registry.Experiment, protocol: dict) -> dict:
-    """The rule's input files: what the registry says the experiment reads."""
+def rule_inputs(exp: registry.Experiment, protocol: dict, data_mark=lambda f: f) -> dict:
+    """The rule's input files: what the registry says the experiment reads. data_mark wraps
+    the data files (Snakemake's ancient: their mtime reruns nothing)."""
     files = input_files(protocol)
-    out = {name: files[name] for name in exp.inputs}
+    out = {name: [data_mark(f) for f in files[name]] if isinstance(files[name], list) else data_mark(files[name])
+           for name in exp.inputs}
     for need in exp.needs:
         out[need.experiment] = layout.result_path(need.experiment, need.variant, need.k)
     return out
@@ -80,6 +85,31 @@ def retry_of(exp: registry.Experiment, replan=None):
         n = replan.attempts(path) if replan is not None else results.failed_attempts(path)
         return f"failed attempts: {n}"
     return retry
+
+
+def attempt_of(exp: registry.Experiment, replan):
+    """The measurement's attempt-stamp input (dpscale.plan.replan.Replanner.stamp): how a
+    failed attempt, or a result found missing, damaged or stale, reruns its job without
+    Snakemake's metadata."""
+    def attempt(wildcards) -> list[str]:
+        return replan.stamp(layout.result_path(exp.name, wildcards.variant, wildcards.k))
+    return attempt
+
+
+def planned_of(resolved: dict, fp: dict):
+    """result path -> (its job's spec now, the digest of its code, the data cache's sha256
+    when the cache exists): what dpscale.plan.replan compares a result's record with."""
+    def plan(result: str) -> tuple[dict, str, str | None]:
+        experiment, variant, k = results.label_of(result).rsplit("/", 2)
+        exp = registry.get(experiment)
+        inputs = job_inputs(exp, resolved["protocol"])
+        spec = specs.job_spec(resolved, fp, experiment, variant, int(k.removeprefix("k")), inputs)
+        try:
+            cache_sha = json.loads(Path(inputs["cache_meta"]).read_text()).get("sha256")
+        except (OSError, ValueError):
+            cache_sha = None
+        return spec, code_of(exp), cache_sha
+    return plan
 
 
 def code_of(exp: registry.Experiment) -> str:

@@ -271,8 +271,26 @@ def result_lines(audits) -> list[str]:
     return out
 
 
+def replanned_lines(outcome) -> list[str]:
+    """What the planner found at the run's start (dpscale.plan.replan.Replanner.outcome:
+    (finding, measured again) pairs), said as it ended: "measured again" only for a result
+    a job of this run wrote; one that no job rewrote is named with the command that does."""
+    done = [f for f, measured in outcome if measured]
+    left = [f for f, measured in outcome if not measured]
+    out = []
+    if done:
+        out += [f"at this run's start {len(done)} planned result(s) held no number it could serve, so they were "
+                "measured again:"] + [f"  {f.line()}" for f in done]
+    if left:
+        out += [f"at this run's start {len(left)} planned result(s) held no number it could serve, and this run "
+                "did not measure them again (Snakemake was told to run less: --allowed-rules, --until, a target "
+                "or a failure):"]
+        out += [f"  {f.line()}; to measure it: snakemake --cores 1 --forcerun {f.result} report" for f in left]
+    return out
+
+
 def closing(targets, summary_path, html_path, snakemake_log=None, failed: bool = False,
-            replanned: list[str] | None = None) -> str:
+            replanned: list | None = None) -> str:
     """What a run prints last, from the planned results as they are now. The report's
     summary only while every one is sound and is the one the report read (its
     plan.json's `read` digests); else what each missing, damaged, failed or hung one
@@ -280,9 +298,7 @@ def closing(targets, summary_path, html_path, snakemake_log=None, failed: bool =
     Snakemake error, the failed jobs first. replanned: what the planner found missing or
     damaged at the start of this run (dpscale.plan.replan), said first."""
     out = error_lines(snakemake_log) if failed else []
-    if replanned:
-        out += [f"at this run's start {len(replanned)} planned result(s) held no number, so they were measured "
-                "again:"] + [f"  {line}" for line in replanned]
+    out += replanned_lines(replanned or [])
     audits = [results.audit(t) for t in targets]
     read = _read_json(Path(summary_path).with_name("plan.json")).get("read")
     now = {f"{results.label_of(a.path)}.json": a.digest for a in audits}
