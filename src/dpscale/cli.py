@@ -202,7 +202,7 @@ def forecast(a) -> int:
                  else fcr.default_fabric(cfg))
     except (FabricFileError, ValueError) as e:
         raise SystemExit(f"dpscale forecast: {e}") from None
-    forecasts = [fcr.of_machine(m, cfg, given) for m in machines]
+    forecasts = fcr.of_machines(machines, cfg, given)
     print(fcr.text(forecasts))
     print(fcr.tta_text(machines, forecasts))
     if a.json:

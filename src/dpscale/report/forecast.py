@@ -153,14 +153,24 @@ def given_fabric(paths, base: Path | None = None, *, explicit: bool = True, per_
     schema's defaults (only where a machine measured none). per_node: the devices per node
     the user asked for (--gpus-per-node), None to take the file's. A relative path is the
     workflow's. Raises FabricRefused (one line) where the files cannot build the tiers."""
-    from dpscale.analysis.forecast import fabric_file, fit
+    from dpscale.analysis.forecast import fabric_file
     sweeps = [fabric_file.read_sweep(Path(p) if Path(p).is_absolute() else (base or provenance.ROOT) / p)
               for p in paths or ()]
+    return given_of(sweeps, explicit=explicit, per_node=per_node)
+
+
+def given_of(sweeps: list, *, explicit: bool = True, per_node: int | None = None):
+    """fit.Given from sweeps read (fabric_file.read_sweep), as given_fabric. The tier between
+    nodes is the multi-host sweep fitted whole (model.fit_whole): the one-host file's ring
+    is not subtracted from it (that carried the in-node file's level into the tier between
+    nodes, issue #54); where the two cannot be one cluster's, each machine that reads both
+    is refused alone (fit.inconsistent). Two GPU models across the files: `mixed` says so."""
+    from dpscale.analysis.forecast import fabric_file, fit
     one = [s for s in sweeps if s.hosts <= 1]
     multi = [s for s in sweeps if s.hosts > 1]
     _check_layout(one, multi, per_node)
     intra = fabric_file.fabric_tiers(one[0]).intra if one else None
-    tiers = fabric_file.fabric_tiers(multi[0], intra) if multi else None
+    tiers = fabric_file.fabric_tiers(multi[0]) if multi else None
     if intra is None and tiers and tiers.per_node > 1:
         intra = tiers.intra   # "neglected", and says so
     name = (lambda s: f"{Path(s.source).name} ({s.ranks} ranks on {s.hosts} host(s)" + (f", {s.gpu}" if s.gpu else "")
@@ -168,7 +178,19 @@ def given_fabric(paths, base: Path | None = None, *, explicit: bool = True, per_
     return fit.Given(intra, tiers.inter if tiers else None, tiers.per_node if tiers else None,
                      "; ".join(name(s) for s in one[:1] + multi[:1]), explicit,
                      name(one[0]) if one else (f"{name(multi[0])}: in-node part neglected" if intra else ""),
-                     name(multi[0]) if multi else "")
+                     name(multi[0]) if multi else "", mixed_gpus(one[:1], multi[:1]))
+
+
+def mixed_gpus(one: list, multi: list) -> str:
+    """One line where the in-node file and the between-node file name different GPU models
+    ("" where they name one, or a file names none)."""
+    if not one or not multi or not one[0].gpu or not multi[0].gpu or one[0].gpu == multi[0].gpu:
+        return ""
+    a, b = one[0], multi[0]
+    return (f"fabric files of two GPU models: in one node {Path(a.source).name} measures {a.gpu} ({a.ranks} per "
+            f"node), between nodes {Path(b.source).name} measures {b.gpu} ({b.gpus_per_node} per node); the "
+            f"forecast's nodes hold {b.gpus_per_node}, with the ring of one from the first and the tier between "
+            "them from the second: a cluster that mixes them")
 
 
 def _check_layout(one: list, multi: list, per_node: int | None) -> None:
@@ -216,6 +238,59 @@ def machine_series(m: Machine) -> list[tuple[str, str, object]]:
         if s is not None:
             out.append((family, variant, s))
     return out
+
+
+def left_out(m: Machine, built: list) -> list[str]:
+    """One line per result of the machine's plan that the forecast could not read (no file
+    kept, or a failed one: a status other than ok or skipped): the file, and what the
+    forecast did instead; those the forecast never reads, named together in one line. A
+    missing input is said, never silently dropped (issue #54: DDP [tuned] vanished with
+    its k=1 result and no line)."""
+    from dpscale.report import tta_pool
+    from dpscale.report.machines import NOT_RUN
+    if m.kind == "book":
+        return []
+    series = {(fam, v): s for fam, v, s in built}
+    fab, ovl, cen = (registry.feeding(p) for p in ("fabric", "overlap", "census"))
+    out, unread = [], []
+    for (e, v, k), r in sorted(m.results.items()):
+        if ok(r) or r.get("status") == "skipped":
+            continue
+        path = r.get("_path") or f"{m.source}/{e}/{v}/k{k}.json"
+        why = "no result kept" if r.get("status") == NOT_RUN else f"status {r.get('status')!r}"
+        roles = [(fam, sc) for fam in registry.FAMILIES for sc in ("weak", "strong")
+                 if registry.scaling_of(fam, sc) == e]
+        if roles:
+            fam, sc = roles[0]
+            name, s = f"{FAMILY_TEXT[fam]} [{v}]", series.get((fam, v))
+            if s is None:
+                did = f"{name} has no k=1 throughput left, so no forecast of it"
+            elif k == 1:
+                did = f"{name} has no {sc} point at k=1, so its {sc} column is not forecast"
+            else:
+                did = f"{name} {sc} k={k} is not measured here: predicted only, no validation row at k={k}"
+        elif e == fab.name and v == fab.series_order(fab.variant_names())[0]:
+            did = (f"no sweep at k={k}: each series' fabric comes from the sweeps left, else a fabric file "
+                   "(its 'fabric:' line says which)")
+        elif e == ovl.name:
+            did = (f"no probe at k={k}: the exposed fraction from a probe at another k, else from the weak step or "
+                   "simulated, and DDP's buckets from another probe or the default bucketing (each row's 'from:' "
+                   "and each series' 'payloads:' say which)")
+        elif e == cen.name:
+            did = f"no HLO census at k={k}: JAX's payloads from another census, else DDP's default bucketing " \
+                  "(each series' 'payloads:' says which)"
+        elif e == registry.ANSWER.experiment:
+            earlier = tta_pool.earlier_paths(Path(m.source) if Path(m.source).is_absolute()
+                                             else provenance.ROOT / m.source, e, v, k)
+            did = (f"time to accuracy at k={k} ({v}) rests on {len(earlier)} earlier measurement(s) alone "
+                   f"({', '.join(str(x.parent.parent.parent.name) for x in earlier)})" if earlier else
+                   f"no time to accuracy at k={k} ({v})")
+        else:
+            unread.append(f"{path} ({why})")
+            continue
+        out.append(f"{path} ({why}): {did}")
+    return out + ([f"{', '.join(unread)}: the forecast does not read {'them' if len(unread) > 1 else 'it'}"]
+                  if unread else [])
 
 
 _COMMITTED: dict = {}
@@ -273,14 +348,22 @@ def of_machine(m: Machine, cfg: dict, given) -> dict:
         g = predict.grid(s, given, cfg, lambda _sc: (tau, nu, how))
         series.append({"series": s.name, "family": family, "variant": variant, "rows": g["rows"],
                        "tiers": g["tiers"], "per_node": g["per_node"], "layout_how": g["layout_how"],
+                       "refused": g.get("refused", ""),
                        "per_rank_batch": s.per_rank_batch, "global_batch": s.global_batch,
                        "buckets_how": s.buckets_how, "knee_threshold": cfg["knee_efficiency"],
                        "misfit": tau, "misfit_rows": nu, "misfit_from": how,
                        **{f"{sc}_knee_k": predict.knee(g["rows"], f"{sc}_efficiency", cfg["knee_efficiency"])
                           for sc in predict.SCALINGS}})
     return {"machine": m.name, "label": m.label if m.kind != "book" else "book", "kind": m.kind, "config": cfg,
-            "fabric_files": given.source, "fabric_explicit": given.explicit, "series": series,
+            "fabric_files": given.source, "fabric_explicit": given.explicit, "fabric_mixed": given.mixed,
+            "refused": list(dict.fromkeys(x["refused"] for x in series if x["refused"])),
+            "left_out": left_out(m, built), "series": series,
             "validation": validation, "summary": check.summary(validation)}
+
+
+def of_machines(machines: list, cfg: dict, given) -> list[dict]:
+    """Every machine's forecast, each answered alone (of_machine), in the order given."""
+    return [of_machine(m, cfg, given) for m in machines]
 
 
 def compute(data: ReportData) -> list[dict]:
@@ -385,7 +468,8 @@ def knee_text(s: dict, scaling: str) -> str:
         why = next((r["why_none"] for r in s["rows"] if r.get("why_none")), None)
         has_k1 = any(r["k"] == 1 and r.get(f"{scaling}_efficiency") is not None for r in s["rows"])
         return f"– ({why})" if why and has_k1 else "– (no k=1 point)"
-    return f"k={s[f'{scaling}_knee_k']}" if s[f"{scaling}_knee_k"] else f"past k={s['rows'][-1]['k']}"
+    last = max(r["k"] for r in s["rows"] if r.get(f"{scaling}_efficiency") is not None)   # the last k forecast
+    return f"k={s[f'{scaling}_knee_k']}" if s[f"{scaling}_knee_k"] else f"past k={last}"
 
 
 def verdict_text(f: dict) -> str:
@@ -485,10 +569,14 @@ def text(forecasts: list[dict]) -> str:
     pooled = pooled_coverage(forecasts)
     lines = [f"Forecast (band: where a measurement should fall, {100 * cfg.get('band_level', 0):.0f}%, "
              f"{cfg.get('bootstrap_draws')} bootstrap draws, the model's misfit out of sample included)"]
+    mixed = next((f["fabric_mixed"] for f in forecasts if f.get("fabric_mixed")), "")
+    lines += [mixed] if mixed else []
     for f in forecasts:
         lines.append(f"\n== {f['machine']}" + (f"\n  fabric files ({'given' if f['fabric_explicit'] else 'default'}): "
                                                f"{f['fabric_files']}" if f["fabric_files"] else ""))
         lines.append(verdict_text(f))
+        lines += [f"  refused past k=1: {why}" for why in f.get("refused", [])]
+        lines += [f"  left out: {line}" for line in f.get("left_out", [])]
         for s in f["series"]:
             lines += series_text(s, f["summary"]["verdict"]["winner"])
         lines += validation_text(f)

@@ -37,7 +37,10 @@ fabric_tiers(sweep, intra) turns it into forecast.Fabric tiers:
   alpha_node and 1/beta_node by least squares on the relative error of t (as fit_fabric),
   the intra-node ring from `intra` (a one-node sweep's tier). Without it the intra-node
   part is taken as free (alpha 0, beta infinite): the across-node tier then carries the
-  whole measured time, an upper bound on its own cost, and `source` says so.
+  whole measured time (forecast.fit_whole, marked `whole`), an upper bound on its own
+  cost, and `source` says so. The forecast takes a multi-node file so (whole), never with
+  another file's ring subtracted (model.py: that carried the in-node file's level into
+  the tier between nodes).
 
 Use (a node's sweep for the in-node ring, a multi-node one for the tier across nodes):
     intra = fabric_tiers(read_sweep("one_node.txt")).intra      # all_reduce_perf -g 8
@@ -597,7 +600,9 @@ def fabric_tiers(sweep: Sweep, intra: fc.Fabric | None = None, *,
         how = "intra-node part neglected"
     else:
         how = f"intra-node ring ({intra.source or 'given'}) subtracted"
-    inter = fc.fit_internode(S, t, N, G, intra, f"across-node tier of {N} nodes x {G} fitted to {what}; {how}")
+    source = f"across-node tier of {N} nodes x {G} fitted to {what}; {how}"
+    whole = G == 1 or intra.beta_Bps == math.inf   # nothing in the node to subtract
+    inter = fc.fit_whole(S, t, N, G, source) if whole else fc.fit_internode(S, t, N, G, intra, source)
     return Tiers(intra, inter, G, N, inter.source)
 
 

@@ -66,6 +66,7 @@ class Given:
     explicit: bool = False
     intra_source: str = ""
     inter_source: str = ""
+    mixed: str = ""                  # the files' two GPU models, said in one line ("": one model)
 
 
 def compute_line(s: Reading, rng=None) -> tuple[float, float, str] | None:
@@ -127,12 +128,11 @@ def internode(s: Reading, k: int, rule: str, given: Given, intra: fc.Fabric | No
     if at is not None and not (rule == "below_k" and at >= k):
         sw = s.internode
         g = max(1, sw.k // sw.nodes)
-        inner = intra or fc.Fabric(0.0, float("inf"), g, "none")
         what = f"the measured link: {sw.nodes} nodes x {g}"
-        try:
-            fab = fc.fit_internode(*sw.window().draw(rng), sw.nodes, g, inner, what)
+        try:   # whole: nothing of the in-node tier subtracted (model.py, fit_whole)
+            fab = fc.fit_whole(*sw.window().draw(rng), sw.nodes, g, what)
         except ValueError:   # a bootstrap draw with no bandwidth in it: the sweep as measured
-            fab = fc.fit_internode(*sw.window().draw(), sw.nodes, g, inner, what)
+            fab = fc.fit_whole(*sw.window().draw(), sw.nodes, g, what)
         return fab, f"this machine's all-reduce across {sw.nodes} nodes of {g} (k={sw.k})"
     if rule == "any" and given.inter is not None:   # another cluster's link never checks this machine's
         if per_node is not None and given.per_node != per_node:
@@ -232,7 +232,26 @@ def build(s: Reading, k: int, rule: str = "any", given: Given = Given(), rng=Non
     m = m.with_(buckets=tuple(s.buckets), notes=m.notes + (s.buckets_how,))
     if not m.buckets:
         return m
-    return anchor(s, k, rule, m, intra_src.startswith("this machine's"), rng)
+    m = anchor(s, k, rule, m, intra_src.startswith("this machine's"), rng)
+    reads_both = given.intra is not None and m.fabric is given.intra and m.internode is given.inter
+    return m.with_(refused=inconsistent(m)) if rule == "any" and reads_both else m
+
+
+def inconsistent(m: fc.StepModel) -> str:
+    """Why the model's two tiers, two fabric files read together, cannot be one cluster's
+    ("": they can): per byte, the ring of one node alone takes longer than the whole
+    multi-node all-reduce of the tier between nodes, at its measured layout, that holds it
+    (model.node_over_whole > 1). Only a model that reads both files is refused (build)."""
+    if m.internode is None or not m.internode.whole or m.fabric is None:
+        return ""
+    ratio = fc.node_over_whole(m.per_node, m.fabric, m.internode)
+    if ratio <= 1:
+        return ""
+    src, nodes = tier_sources(m), max(2, m.internode.k // m.per_node)
+    return (f"the tier between nodes, {src.get(ACROSS)}, is faster than the tier in one node, {src.get(IN_NODE)}: "
+            f"per byte, the ring of one node of {m.per_node} takes {ratio:.1f}x as long as the whole all-reduce over "
+            f"{nodes} nodes of {m.per_node} that holds it, so the two are not one cluster's and nothing past k=1 is "
+            "forecast from them")
 
 
 def tier_sources(m: fc.StepModel) -> dict:

@@ -56,6 +56,22 @@
   T = 2(G-1)/G S / beta + 2(G-1) alpha  +  2(N-1)/N S / beta_node + 2(N-1) alpha_node,
   where beta_node is the node's injection bandwidth (all its NICs), shared by its G
   devices' shards of S/G each: G x S/G = S crosses it.
+  A tier between nodes measured as a whole (a multi-node all-reduce's own times: a
+  machine's own link, a cluster's nccl-tests output) is fitted whole (fit_whole),
+  W(N) = 2(N-1)/N S / beta_whole + 2(N-1) alpha_whole, nothing of an in-node ring
+  subtracted from it: subtracting the in-node file's ring (fit_internode) carried that
+  file's level into the tier between nodes (a 1.5x slower in-node file left less of the
+  measured time to the tier between nodes, whose growth with N then shrank: 104
+  multi-node rows rose by up to 1.2 points, issue #54). Past one node such a tier runs
+  beside the ring in each node, chunk by chunk (NCCL's ring keeps every link busy at
+  once), and the slower of the two sets the time (pipelined_time):
+  T = max(2(G-1)/G S / beta + 2(G-1) alpha, W(N)); the in-node part is hidden to f and
+  the whole is charged in full (nothing measured what of it hides): exposed =
+  max(f T_node, W(N)). At the file's own layout, its in-node ring inside its times,
+  T = W(2): what it measured. A slower tier, either one, raises its term and never
+  lowers the other, so it never raises a forecast. Where the in-node ring alone is
+  slower per byte than the whole that holds it (node_over_whole > 1), the two files
+  cannot be one cluster's: a forecast that reads both is refused (fit.inconsistent).
 
 Efficiency: weak e(k) = t(B, 1) / t(B, k); strong e(k) = t(G, 1) / (k t(G/k, k)).
 Units: seconds, bytes, bytes/s; GB = 1e9 bytes (nccl-tests), never bits.
@@ -86,6 +102,7 @@ class Fabric:
     beta_Bps: float           # per-link bandwidth (busbw), bytes/s
     k: int                    # where it was measured
     source: str = ""
+    whole: bool = False       # a tier between nodes fitted whole (fit_whole): its in-node part inside it
 
 
 def ring_time(size_bytes: float, k: int, fab: Fabric) -> float:
@@ -141,6 +158,39 @@ def fit_internode(sizes, times_s, nodes: int, per_node: int, intra: Fabric, sour
         raise ValueError(f"{source}: the intra-node tier alone takes longer than the measured times; "
                          "no across-node bandwidth fits")
     return Fabric(float(alpha), float(1 / inv_beta), nodes * per_node, source)
+
+
+def fit_whole(sizes, times_s, nodes: int, per_node: int, source: str = "") -> Fabric:
+    """alpha, beta of a multi-node all-reduce measured as a whole, 2(N-1)/N S / beta +
+    2(N-1) alpha over N nodes of per_node devices (its in-node part inside its times):
+    fit_internode with nothing in the node subtracted, least squares on relative error."""
+    free = Fabric(0.0, math.inf, per_node, "inside the whole")
+    return replace(fit_internode(sizes, times_s, nodes, per_node, free, source), whole=True)
+
+
+def pipelined_time(size_bytes: float, nodes: int, per_node: int, intra: Fabric, whole: Fabric) -> float:
+    """A multi-node all-reduce whose tier between nodes was measured whole (fit_whole): the
+    ring in each node and the whole across nodes run at once, the slower setting the time,
+    max(2(G-1)/G S / beta + 2(G-1) alpha, 2(N-1)/N S / beta_whole + 2(N-1) alpha_whole)."""
+    return max(ring_time(size_bytes, per_node, intra), across_time(size_bytes, nodes, whole))
+
+
+def across_time(size_bytes: float, nodes: int, whole: Fabric) -> float:
+    """The whole multi-node all-reduce over N nodes: 2(N-1)/N S / beta_whole + 2(N-1) alpha_whole."""
+    if nodes <= 1 or size_bytes <= 0:
+        return 0.0
+    return 2 * (nodes - 1) / nodes * size_bytes / whole.beta_Bps + 2 * (nodes - 1) * whole.alpha_s
+
+
+def node_over_whole(per_node: int, intra: Fabric, inter: Fabric) -> float:
+    """Seconds per byte of the in-node ring over per_node devices, over those of the whole
+    multi-node all-reduce at its measured layout (inter.k devices, nodes of per_node):
+    (2(G-1)/G / beta) / (2(N-1)/N / beta_whole), the bandwidth terms (large payloads).
+    Above 1 the ring of one node alone takes longer than the all-reduce that holds it."""
+    nodes = max(2, inter.k // max(1, per_node))
+    if per_node < 2 or intra.beta_Bps == math.inf:
+        return 0.0
+    return (2 * (per_node - 1) / per_node / intra.beta_Bps) / (2 * (nodes - 1) / nodes / inter.beta_Bps)
 
 
 def ddp_buckets(grad_bytes: float) -> list[float]:
@@ -200,6 +250,7 @@ class StepModel:
     exposed_inter: float = 1.0   # the across-node tier's paid fraction: in full, where nothing measured it
     notes: tuple = field(default=(), compare=False)
     rules: tuple = field(default=(), compare=False)   # the rules chosen after seeing data that this model used
+    refused: str = ""            # why no k > 1 is forecast from these tiers ("": none refused)
 
     def with_(self, **kw) -> "StepModel":
         return replace(self, **kw)
@@ -219,7 +270,8 @@ def allreduce_time(m: StepModel, k: int, algo=None) -> float:
 
 def allreduce_parts(m: StepModel, k: int) -> tuple[float, float]:
     """(in-node seconds, across-node seconds) of allreduce_time at k: past one node the
-    in-node part is the ring over per_node devices (hierarchical_time's first term)."""
+    in-node part is the ring over per_node devices (hierarchical_time's first term; of a
+    tier fitted whole, what pipelined_time adds beyond it)."""
     total = allreduce_time(m, k)
     if m.internode is None or k <= m.per_node:
         return total, 0.0
@@ -228,18 +280,23 @@ def allreduce_parts(m: StepModel, k: int) -> tuple[float, float]:
 
 
 def _fabric_at(m: StepModel, k: int) -> tuple:
-    """_buckets_time's arguments after the buckets: (k, per_node, alpha, beta, inter)."""
-    inter = (m.internode.alpha_s, m.internode.beta_Bps) if m.internode and k > m.per_node else None
+    """_buckets_time's arguments after the buckets: (k, per_node, alpha, beta, inter),
+    inter = (alpha, beta, whole) of the tier between nodes past one node, else None."""
+    inter = (m.internode.alpha_s, m.internode.beta_Bps, m.internode.whole) if m.internode and k > m.per_node else None
     return k, m.per_node, m.fabric.alpha_s, m.fabric.beta_Bps, inter
 
 
 @lru_cache(maxsize=65536)
 def _buckets_time(total, n, k, per_node, alpha, beta, inter, algo) -> float:
-    """Every formula is affine in S: n buckets cost the total bytes plus n latencies."""
+    """Every formula is affine in S: n buckets cost the total bytes plus n latencies
+    (pipelined_time, a max of two such, on the total: its n buckets taken as one)."""
     intra = Fabric(n * alpha, beta, k)
     if inter is None:
         return algo(total, k, intra)
-    return hierarchical_time(total, math.ceil(k / per_node), per_node, intra, Fabric(n * inter[0], inter[1], 0))
+    across = Fabric(n * inter[0], inter[1], 0)
+    if inter[2]:
+        return pipelined_time(total, math.ceil(k / per_node), per_node, intra, across)
+    return hierarchical_time(total, math.ceil(k / per_node), per_node, intra, across)
 
 
 def bucket_times(m: StepModel, k: int) -> list[float]:
@@ -270,8 +327,17 @@ def exposed_comm_time(m: StepModel, k: int, batch: float) -> float:
     """What communication adds to a step at k."""
     if m.overlap == "simulated":
         return simulated_exposed(m, k, batch)
+    if m.internode is not None and m.internode.whole and k > m.per_node and m.fabric is not None:
+        return max(m.exposed * allreduce_time(m, m.per_node), m.exposed_inter * whole_time(m, k))
     inside, across = allreduce_parts(m, k)
     return m.exposed * inside + m.exposed_inter * across
+
+
+def whole_time(m: StepModel, k: int) -> float:
+    """The whole tier between nodes on all of DDP's buckets at k (pipelined_time's second
+    term): the total bytes plus a latency per bucket."""
+    n, whole = len(m.buckets), m.internode
+    return across_time(float(sum(m.buckets)), math.ceil(k / m.per_node), Fabric(n * whole.alpha_s, whole.beta_Bps, 0))
 
 
 def straggler_time(m: StepModel, k: int, batch: float) -> float:

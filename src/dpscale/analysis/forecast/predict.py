@@ -95,12 +95,14 @@ def grid(series: Series, given: fit.Given, cfg: dict, misfit_of=None) -> dict:
     for r in rows:
         r["inputs"] = inputs
     return {"rows": rows, "inputs": inputs, "tiers": fit.tier_sources(m), "per_node": per_node,
-            "layout_how": layout_how, "notes": list(m.notes)}
+            "layout_how": layout_how, "notes": list(m.notes), "refused": m.refused}
 
 
 def grid_row(m, models, s: Reading, series: Series, k: int, nodes: int, cfg: dict, misfit_of) -> dict:
     row = {"k": k, "nodes": nodes}
-    if k > 1 and (m.fabric is None or (nodes > 1 and m.internode is None)):
+    if k > 1 and m.refused:   # tiers that cannot be one cluster's (fit.inconsistent): refused, not fitted
+        row["why_none"] = "refused: inconsistent fabric tiers"
+    elif k > 1 and (m.fabric is None or (nodes > 1 and m.internode is None)):
         row["why_none"] = ("no in-node fabric measured or given" if m.fabric is None else
                            "no tier between nodes measured or given")
     else:
