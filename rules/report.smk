@@ -34,10 +34,22 @@ REFERENCE_FILES = sorted(
 report: f"{PROSE}/snakemake_workflow.rst"
 
 
+def report_stamps(allowed_rules):
+    """The report's stamp inputs (dpscale.plan.replan): every result's attempt stamp and the
+    machine's, those a run may make (`--allowed-rules report` builds from what exists)."""
+    machine = layout.machine_stamp(dsfp.digest(FP))
+    can = not allowed_rules or "machine_stamp" in allowed_rules or os.path.exists(machine)
+    return REPLAN.stamps(allowed_rules) + ([machine] if can else [])
+
+
 # The machine the results were measured on, written by a rule rather than when the
 # workflow is parsed: a dry run writes nothing, and a new machine's fingerprint lands
-# only with the run that measures on it (params: a change reruns it, and the report).
+# only with the run that measures on it. Its input is a stamp named after the machine,
+# and the report's key holds the machine too: a new machine reruns both, also without
+# Snakemake's metadata (dpscale.plan.replan).
 rule fingerprint:
+    input:
+        layout.machine_stamp(dsfp.digest(FP)),
     output:
         layout.FINGERPRINT_PATH,
     log:
@@ -52,6 +64,18 @@ rule fingerprint:
         "python {params.scripts:q}/fingerprint.py --json {params.fingerprint:q} --out {output:q} > {log:q} 2>&1"
 
 
+rule machine_stamp:
+    output:
+        layout.machine_stamp("{digest}"),
+    log:
+        f"{layout.LOGS}/machine-{{digest}}.log",
+    wildcard_constraints:
+        digest=r"[0-9a-f]+",
+    localrule: True
+    shell:
+        "touch {output:q} > {log:q} 2>&1"
+
+
 rule report:
     input:
         runs=TARGETS,
@@ -61,9 +85,9 @@ rule report:
         references=REFERENCE_FILES,
         # every result's attempt stamp (dpscale.plan.replan): with the key below, how a
         # result found missing, damaged, failed or stale is measured again without metadata
-        attempts=REPLAN.stamps(),
+        stamps=lambda w: report_stamps(workflow.dag_settings.allowed_rules),
     output:
-        key=layout.report_key_path(REPLAN.report_key(specs.dumps(RESOLVED), provenance.report_digest())),
+        key=layout.report_key_path(REPLAN.report_key(specs.dumps(RESOLVED), provenance.report_digest(), dsfp.dumps(FP))),
         html=report(
             f"{REPORT}/report.html",
             caption=f"{PROSE}/snakemake_report.rst",

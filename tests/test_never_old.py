@@ -221,6 +221,26 @@ def test_a_result_of_other_code_or_another_protocol_is_measured_again_without_me
     assert "Nothing to be done" in smk(repo, "-n", "--cores", "2", "report", *cfg).stdout
 
 
+def test_a_report_built_alone_after_a_protocol_change_says_its_results_are_not_the_plans(done, tmp_path):
+    """--allowed-rules report after train_images changed: the report is built from what
+    exists, and its header and the closing lines say those results are not the plan's."""
+    repo, cfg = copy_done(done, tmp_path / "repo")
+    shutil.rmtree(repo / ".snakemake")
+    cfg = [c.replace("train_images: 32", "train_images: 64") for c in cfg]
+    old = {t: digest(repo, t) for t in TARGETS}
+    run = smk(repo, "--cores", "2", "report", "--allowed-rules", "report", *cfg)
+    end = closing_lines(run)
+    assert "NOT THIS PLAN'S: 4 result(s) of this run were measured otherwise than the plan asks" in end, end
+    assert f"  {TARGETS[0]}: measured with another protocol or on another machine than the plan's: " \
+           "config.protocol.train_images 32 (plan: 64)" in end
+    assert "and this run did not measure them again" in end and \
+        f"to measure it: snakemake --cores 1 --forcerun {TARGETS[0]} report" in end, end
+    assert {t: digest(repo, t) for t in TARGETS} == old
+    html = (repo / "results/report/report.html").read_text()
+    assert "4 result(s) were not measured as this report&#39;s plan asks" in html \
+        or "4 result(s) were not measured as this report's plan asks" in html
+
+
 def test_results_of_another_version_copied_into_a_fresh_clone_are_taken_or_measured_again_once(
         done, primed, tmp_path):
     """A fresh clone given results/ from elsewhere, no .snakemake/: a result whose code and
@@ -286,12 +306,18 @@ def test_the_disk_filling_during_a_forced_rerun_leaves_no_old_number_in_the_clos
         subprocess.run(["umount", "-l", str(runs)])
 
 
-def test_a_dry_run_after_a_machine_change_writes_nothing(done, tmp_path):
+@pytest.mark.parametrize("metadata", ["gone", "kept"])
+def test_a_dry_run_after_a_machine_change_plans_it_and_writes_nothing(done, tmp_path, metadata):
     repo, cfg = copy_done(done, tmp_path / "repo")
+    if metadata == "gone":
+        shutil.rmtree(repo / ".snakemake")
     before = tree(repo / "results")
     hw = write_hw(tmp_path, "other", cpu_model="Another CPU", cpu_count=2)
     dry = smk(repo, "-n", "--cores", "2", "report", *cfg, f"hardware_file={hw}")
-    assert job_counts(dry.stdout).get("fingerprint") == 1, dry.stdout[-2000:]
+    counts = job_counts(dry.stdout)
+    assert counts.get("fingerprint") == 1 and counts.get("ddp_weak") == 4, dry.stdout[-2000:]
+    assert "stale: measured with another protocol or on another machine than the plan's: fingerprint." \
+        in dry.stdout + dry.stderr
     assert tree(repo / "results") == before
 
 

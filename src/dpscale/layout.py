@@ -69,6 +69,12 @@ def attempt_stamp(result: str, n) -> str:
     return str(Path(result).with_suffix(f".attempt-{n}"))
 
 
+def machine_stamp(digest: str, root: str = RESULTS) -> str:
+    """The empty file that stands for the machine the workflow was parsed on (its
+    fingerprint's digest): an input of results/fingerprint.json (rules/report.smk)."""
+    return f"{root}/machine-{digest}.stamp"
+
+
 def report_key_path(key: str, root: str = REPORT) -> str:
     """The report's output named after what it was built for (dpscale.plan.replan.report_key)."""
     return f"{root}/key-{key}.txt"

@@ -5,6 +5,7 @@ reads `nvidia-smi` and package metadata only (a few tens of milliseconds).
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -152,6 +153,11 @@ COUNTS = {"gpu_count": 0, "cpu_count": 1}
 def dumps(fp: dict) -> str:
     """The fingerprint as results/fingerprint.json holds it (canonical: a params value)."""
     return json.dumps(fp, indent=2, sort_keys=True) + "\n"
+
+
+def digest(fp: dict) -> str:
+    """12 hex digits of dumps(fp): the name of the machine's stamp (layout.machine_stamp)."""
+    return hashlib.sha256(dumps(fp).encode()).hexdigest()[:12]
 
 
 def save_if_changed(fp: dict, path: str | os.PathLike) -> bool:

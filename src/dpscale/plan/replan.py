@@ -44,12 +44,35 @@ from pathlib import Path
 from typing import Callable
 
 from dpscale import layout, results
+from dpscale.plan import jobs
 
 REPORT_PLAN = str(layout.working().plan)   # the last report's plan: results/report/plan.json
-KEY_ENV = "DPSCALE_REPORT_KEY"   # the main process's report key, for job-mode parses
+KEY_ENV = "DPSCALE_REPORT_KEY"
+STAMP_RULE = "attempt_stamp"   # rules/measure.smk   # the main process's report key, for job-mode parses
 
 # What a result records about how it was measured, compared with its job's spec now.
 RECORDED = ("config", "fingerprint", "backend", "env", "launch")
+
+
+def not_this_plan(targets, resolved: dict, fingerprint_path) -> list[str]:
+    """One line per planned result that holds a number measured otherwise than the plan
+    asks (stale): what a report built from it (--allowed-rules report after a protocol
+    change) says in its header and closing lines."""
+    try:
+        fp = json.loads(Path(fingerprint_path).read_text())
+    except (OSError, ValueError):
+        return []
+    plan, out = jobs.planned_of(resolved, fp), []
+    for t in targets:
+        if not results.audit(t).sound:
+            continue
+        try:
+            why = stale(json.loads(Path(t).read_text()), *plan(t))
+        except (KeyError, ValueError):   # not a job of this registry: nothing to compare it with
+            continue
+        if why:
+            out.append(f"{t}: {why}")
+    return out
 
 
 def last_report_read(plan_path: str | Path = REPORT_PLAN) -> set[str]:
@@ -175,9 +198,14 @@ class Replanner:
         n = self.attempts(result)
         return [layout.attempt_stamp(result, n)] if n else []
 
-    def stamps(self) -> list[str]:
-        """Every planned result's current stamp, for the report's input (read-only)."""
-        return [layout.attempt_stamp(t, n) for t in self.targets if (n := self.count(t))]
+    def stamps(self, allowed_rules=()) -> list[str]:
+        """Every planned result's current stamp, for the report's input (read-only); when
+        Snakemake may run only `allowed_rules` and the stamps' rule is not among them,
+        those that exist (the report is built from what there is, and says so)."""
+        out = [layout.attempt_stamp(t, n) for t in self.targets if (n := self.count(t))]
+        if allowed_rules and STAMP_RULE not in allowed_rules:
+            out = [p for p in out if Path(p).exists()]
+        return out
 
     def report_key(self, *extra: str) -> str:
         """12 hex digits naming one of the report's outputs: the attempt counts and `extra`
@@ -202,6 +230,8 @@ class Replanner:
         for f in self.found:
             a = results.audit(f.result)
             out.append((f, a.sound and a.digest != f.before))
+        recorded = {f.result for f in self.found}   # found, but its rule was not run (--allowed-rules)
+        out += [(Finding(t, why), False) for t, why in self.pending.items() if t not in recorded]
         return out
 
     @staticmethod

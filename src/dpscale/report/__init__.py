@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpscale import layout, provenance
+from dpscale.plan import replan
 from dpscale.results import audit, job_label, portable, write_json_atomic
 from dpscale.report import book as bookmod, forecast, render
 from dpscale.report.chapters import CHAPTERS, csv_tables, figure_specs
@@ -58,6 +59,8 @@ def load(runs_dir, fingerprint_path, targets=None, references=(), book_path=None
         current = load_found(runs_dir, fingerprint_path, label=name)
     current.profile = kept_profile(layout.of_runs(runs_dir))   # a kept machine's, rebuilt from its folder
     current.alerts += refused_data(layout.of_runs(runs_dir))
+    if targets is not None and (build_info or {}).get("resolved"):   # a run's report, its plan known
+        current.not_planned = replan.not_this_plan(targets, build_info["resolved"], fingerprint_path)
     same = Path(runs_dir).resolve()
     folders = [f for f in reference_folders(references) if layout.kept(f).runs.resolve() != same and f.name != name]
     refs, notes = with_references(current, folders)

@@ -48,6 +48,7 @@ class Machine:
     source: str = ""
     errors: list = field(default_factory=list)       # unreadable files, with the reason
     alerts: list = field(default_factory=list)       # what else a reader must see first (a refused data copy)
+    not_planned: list = field(default_factory=list)  # results not measured as this run's plan asks (replan.not_this_plan)
     book: dict | None = None
     profile: dict | None = None     # a per-layer profile kept beside the results (roofline.json)
     derived: dict = field(default_factory=dict, repr=False)   # memo(): what is computed from results

@@ -175,6 +175,10 @@ def text(data, html_path) -> str:
            "trained with, forecast: its band at the level printed beside it; time to accuracy = samples to target x (1 / samples/s + evaluation "
            "per sample): training only, then with the evaluation on the clock and its share; chapter 'Will k "
            "GPUs train sooner?')", ""]
+    if data.current is not None and data.current.not_planned:   # before any number read from them
+        out += [f"NOT THIS PLAN'S: {len(data.current.not_planned)} result(s) of this run were measured otherwise "
+                "than the plan asks, and are shown as they are:"] + [f"  {a}" for a in data.current.not_planned]
+        out += ["  to measure them as planned: snakemake --cores 1 report", ""]
     if data.current is not None:
         from dpscale.report.chapters.answer import opening, verdict_text
         first = verdict_text(opening(data, data.current))

@@ -60,6 +60,9 @@ def banners(data: ReportData) -> list[tuple[str, str]]:
             out.append(("info", f"{m.name}: its plan was reconstructed {how}."))
         out += [("alert", f"{m.name}: unreadable artifact: {e}") for e in m.errors]
         out += [("alert", f"{m.name}: {a}") for a in m.alerts]
+        if m.not_planned:
+            out.append(("alert", f"{m.name}: {len(m.not_planned)} result(s) were not measured as this report's plan "
+                                 "asks, and are shown as they are: " + "; ".join(m.not_planned)))
         if not any(r["status"] != "not run" for r in m.results.values()):
             out.append(("alert", f"{m.name}: no result JSONs found under {m.source}."))
     return out + [("info", n) for n in data.notes]
