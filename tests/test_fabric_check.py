@@ -125,9 +125,21 @@ def test_docs_fabric_check_shows_every_case_as_the_check_computes_it():
     assert len(rows) == len(res["cases"])
     for line, r in zip(rows, res["cases"]):
         want = (f"{r['measured_busbw_GBps']:.1f} | {r['predicted_busbw_GBps']:.1f} [{r['band_lo']:.1f}, "
-                f"{r['band_hi']:.1f}] | {r['error_pct']:+.1f}% | {'yes' if r['inside'] else 'no'} | "
-                f"{r['naive_busbw_GBps']:.1f} ({r['naive_error_pct']:+.1f}%)")
+                f"{r['band_hi']:.1f}] | x{r['band_width']:.1f}{' (cut at the NICs)' if r['band_bounded'] else ''} | "
+                f"{r['error_pct']:+.1f}% | "
+                f"{'yes' if r['inside'] else 'no'} | {r['naive_busbw_GBps']:.1f} ({r['naive_error_pct']:+.1f}%)")
         assert want in line, (line, want)
+    from dpscale.report import forecast_text as fct
+    node_rows = [line for line in doc.splitlines() if re.match(r"\| n\d+ \|", line)]
+    nodes = [r for r in res["cases"] if r["kind"] == "nodes"]
+    assert len(node_rows) == len(nodes)
+    for line, r in zip(node_rows, nodes):
+        first = "naive" if abs(r["naive_error_pct"]) < abs(r["error_pct"]) else "model"
+        assert fct._pair(first, r["error_pct"], r["naive_error_pct"], "{:+.1f}%") in line, line
+        assert fct._pair(r["first"], r["model_mean_abs_pct"], r["naive_mean_abs_pct"]) in line, line
+    n = res["summary"]["nodes"]
+    assert (f"{n['cases']} node-count cases of {n['clusters']} clusters: mean |error| at the largest payload "
+            + fct._pair(n["first"], n["model_mean_abs_pct"], n["naive_mean_abs_pct"])) in " ".join(doc.split())
     s, h = res["summary"]["checked"], res["summary"]["held_out"]
     assert (f"mean |error| of the model {s['model_mean_abs_pct']:.1f}%, of the naive busbw "
             f"{s['naive_mean_abs_pct']:.1f}%; {s['inside']} of {s['banded']} inside") in " ".join(doc.split())
@@ -148,3 +160,105 @@ def test_a_row_with_wrong_elements_is_left_out_of_the_fit():
     assert [r.bytes for r in wrong] == [1048576] and 1048576 not in [r.bytes for r in rows]
     assert "#wrong > 0 left out" in ff.fabric_tiers(s).inter.source
     assert np.isfinite(ff.fabric_tiers(s).inter.beta_Bps)
+
+
+# ---------------------------------------------------------------- the node-count term (#54 point 4)
+
+def test_every_node_count_case_has_both_predictors_errors_computed_out_of_sample(tmp_path):
+    """Every node-count case (a cluster at N nodes predicting it at M > N) carries the model's
+    and the naive constant busbw's error at the largest payload and their mean |error| over
+    its payloads; the predicting files never hold the predicted node count, and the
+    prediction does not move when the predicted file's numbers do (nothing of it is read
+    but to compare)."""
+    import shutil
+    res = live()
+    cases = fk.read_cases(MANIFEST)
+    nodes = [(c, r) for c, r in zip(cases, res["cases"]) if r["kind"] == "nodes"]
+    want = [c for c in cases if ff.read_sweep(c.large).hosts > ff.read_sweep(c.small[0]).hosts
+            and ff.read_sweep(c.large).gpus_per_node == ff.read_sweep(c.small[0]).gpus_per_node]
+    assert len(nodes) == len(want) >= 4
+    for c, r in nodes:
+        assert r["large_nodes"] not in r["small_nodes"], r
+        assert all(ff.read_sweep(f).hosts != r["large_nodes"] for f in c.small)
+        for k in ("error_pct", "naive_error_pct", "model_mean_abs_pct", "naive_mean_abs_pct"):
+            assert r[k] is not None and np.isfinite(r[k]), (k, r["large"])
+        assert r["payloads"] >= 2
+        assert r["first"] == ("naive" if r["naive_mean_abs_pct"] < r["model_mean_abs_pct"] else "model")
+    s = res["summary"]["nodes"]
+    assert s["cases"] == len(nodes)
+    assert s["model_mean_abs_pct"] == pytest.approx(np.mean([abs(r["error_pct"]) for _, r in nodes]))
+    assert s["naive_mean_abs_pct"] == pytest.approx(np.mean([abs(r["naive_error_pct"]) for _, r in nodes]))
+    # the predicted file doubled in time: the prediction is the same, only the measured side moves
+    c, r = nodes[0]
+    for f in {*c.small, c.large, MANIFEST}:
+        shutil.copy(f, tmp_path / Path(f).name)
+    large = tmp_path / Path(c.large).name
+    lines = large.read_text().splitlines()
+    s0 = ff.read_sweep(large)
+    for i, line in enumerate(lines):
+        tok = line.split()
+        if len(tok) >= 13 and tok[0].isdigit() and int(tok[0]) in s0.bytes:
+            for j in (5, 9):
+                tok[j] = f"{2 * float(tok[j]):.1f}"
+            lines[i] = "  " + "  ".join(tok)
+    large.write_text("\n".join(lines) + "\n")
+    only = tmp_path / "one.yaml"
+    only.write_text(yaml.safe_dump({"cases": [{"cluster": c.cluster, "small": [Path(f).name for f in c.small],
+                                               "large": large.name}]}))
+    again = fk.check_case(fk.read_cases(only)[0], draws=5)
+    assert again["predicted_busbw_GBps"] == pytest.approx(r["predicted_busbw_GBps"], rel=1e-9)
+    assert again["measured_busbw_GBps"] == pytest.approx(r["measured_busbw_GBps"] / 2, rel=0.01)
+
+
+def test_the_naive_predictor_is_listed_first_wherever_it_wins(capsys):
+    """In `dpscale forecast --fabric-check`, per case (its error at the largest payload and
+    its mean |error| over payloads) and in every summary line, the predictor with the
+    smaller error comes first: the naive constant busbw wherever it wins."""
+    from dpscale import cli
+    assert cli.main(["forecast", "--fabric-check", str(DATA)]) == 0
+    out = capsys.readouterr().out
+    pairs = re.findall(r"(model|naive) ([+-]?\d+\.\d)%, (model|naive) ([+-]?\d+\.\d)%", out)
+    assert len(pairs) >= 2 * len(fk.read_cases(MANIFEST)) + 3
+    for first, a, second, b in pairs:
+        assert {first, second} == {"model", "naive"}
+        assert abs(float(a)) <= abs(float(b)), (first, a, second, b)
+    assert any(p[0] == "naive" for p in pairs)   # the corpus has cases the naive one wins
+
+
+def test_the_algorithm_at_each_scale_and_the_flat_ring_past_it():
+    """NCCL's algorithm read per output: stated NCCL_ALGO first, a ring on 3+ nodes or one
+    rank per node, else the tree on 2 nodes; past the measured node count the tier is NCCL's
+    flat ring over every rank: its busbw flat after a ring, sqrt(n/(2(n-1))) of it after a
+    2-node tree, inside the interval [n/(2(n-1)), 1]; at the measured layout what it measured."""
+    assert fc.nccl_algorithm(2, 8, "Ring")[0] == "ring" and fc.nccl_algorithm(2, 8, "NVLSTree")[0] == "tree"
+    assert fc.nccl_algorithm(4, 8)[0] == "ring" and fc.nccl_algorithm(2, 1)[0] == "ring"
+    assert fc.nccl_algorithm(2, 8)[0] == "tree"
+    assert ff.read_sweep(DATA / "h100_2node_aion_ring_ctas.txt").nccl_algo == "Ring"
+    lo, hi = fc.ring_after_tree_bounds(16)
+    assert lo < fc.ring_scale_after_tree(16) < hi and fc.ring_scale_after_tree(16) == pytest.approx((lo * hi) ** 0.5)
+    big = 8 * 2**30
+    for name, scale in (("h100_2node_aion_ring_ctas.txt", 1.0), ("h100_2node_aion.txt", fc.ring_scale_after_tree(16))):
+        s = ff.read_sweep(DATA / name)
+        t = ff.fabric_tiers(s)
+        plain = fc.replace(t.inter, algo="")   # the same fit, read without the node-count term
+        assert t.allreduce_time(big, 2, 8) == pytest.approx(fc.across_time(big, 2, plain), rel=1e-12)
+        at2 = fk.busbw_GBps(big, t.allreduce_time(big, 2, 8), 16)
+        b4, b16 = (fk.busbw_GBps(big, t.allreduce_time(big, n, 8), 8 * n) for n in (4, 16))
+        assert b4 == pytest.approx(b16, rel=0.05)   # flat past 2 nodes but for the ring's latency, 2(n-1) steps
+        assert b4 == pytest.approx(scale * at2, rel=0.05)
+    # nodes of another size: the two-tier growth, as before (the forecast refuses such a file)
+    s = ff.read_sweep(DATA / "gh200_2node_1gpu_alps.txt")
+    t = ff.fabric_tiers(s)
+    assert t.allreduce_time(2**27, 2, 4) == pytest.approx(t.allreduce_time(2**27, 2, 1))
+
+
+def test_bands_stop_at_what_the_nodes_nics_carry_and_print_their_width():
+    res = live()
+    bounded = [r for r in res["cases"] if r["bound_GBps"]]
+    assert bounded
+    for r in res["cases"]:
+        assert r["band_width"] == pytest.approx(r["band_hi"] / r["band_lo"])
+        if r["bound_GBps"]:
+            assert r["band_hi"] <= r["bound_GBps"] + 1e-9
+    from dpscale.report import forecast_text as fct
+    assert all(f"x{r['band_width']:.1f} wide" in fct.fabric_check_text(DATA) for r in res["cases"])

@@ -172,6 +172,10 @@ def add_forecast_parser(sub) -> None:
     f.add_argument("--fabric-check", type=Path, default=None, metavar="DIR",
                    help="instead of a forecast, check the fabric model on public nccl-tests outputs of one cluster at "
                         "several scales (DIR/scales.yaml; reference/fabrics/nccl-tests; docs/fabric-check.md)")
+    f.add_argument("--markdown", choices=("summary", "validation"), default=None,
+                   help="instead of the text, print a page's block (`dpscale docs` fills README.md and "
+                        "docs/forecast.md with them): summary, the per-machine table and the fabric check's figures "
+                        "(of --fabric-check DIR, default reference/fabrics/nccl-tests); validation, every row")
     for key, kind, what in (("gpus_per_node", int, "devices per node"), ("max_nodes", int, "most nodes"),
                             ("knee_efficiency", float, "efficiency threshold of the knee"),
                             ("bootstrap_draws", int, "bootstrap draws of the band")):
@@ -181,10 +185,10 @@ def add_forecast_parser(sub) -> None:
 
 def forecast(a) -> int:
     from dpscale.analysis.forecast.fabric_file import FabricFileError
-    from dpscale.report import forecast as fcr
+    from dpscale.report import forecast as fcr, forecast_text as fct
     from dpscale.report.machines import load_reference, reference_folders
-    if a.fabric_check:
-        print(fcr.fabric_check_text(a.fabric_check, json_path=a.json))
+    if a.fabric_check and not a.markdown:
+        print(fct.fabric_check_text(a.fabric_check, json_path=a.json))
         return 0
     dirs = a.dirs or reference_folders([default_reference("forecast")])
     bad = [d for d in dirs if not layout.kept(d).has_results()]
@@ -203,8 +207,14 @@ def forecast(a) -> int:
     except (FabricFileError, ValueError) as e:
         raise SystemExit(f"dpscale forecast: {e}") from None
     forecasts = fcr.of_machines(machines, cfg, given)
-    print(fcr.text(forecasts))
-    print(fcr.tta_text(machines, forecasts))
+    if a.markdown == "summary":
+        print(fct.summary_markdown(forecasts, a.fabric_check or ROOT / "reference" / "fabrics" / "nccl-tests"), end="")
+        return 0
+    if a.markdown == "validation":
+        print(fct.validation_markdown(forecasts), end="")
+        return 0
+    print(fct.text(forecasts))
+    print(fct.tta_text(machines, forecasts))
     if a.json:
         fcr.write(a.json, forecasts)
         print(f"\nwrote {a.json}")

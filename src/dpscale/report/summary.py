@@ -106,7 +106,7 @@ def predicted_lines(o: dict) -> list[str]:
 
 def machine_lines(data, m) -> list[str]:
     """A machine's block: its k's against k=1, the forecast's knee, the predicted answer."""
-    from dpscale.report import forecast as fcr
+    from dpscale.report import forecast as fcr, forecast_text as fct
     from dpscale.report.chapters.answer import opening, step_words
     o = opening(data, m)
     rows = [r for r in o["rows"] if r["k"] > 1 and (r["point"] or (r["throughput"] or {}).get("source") == "measured")]
@@ -121,8 +121,8 @@ def machine_lines(data, m) -> list[str]:
            f"{step_words(o)}"]
     out += [COLUMNS] + [k_line(r) for r in rows] if rows else []
     if s:
-        out.append(f"  {fcr.naive_lead(f)}forecast knee (efficiency < {100 * s['knee_threshold']:.0f}%, {s['series']}): "
-                   f"weak {fcr.knee_text(s, 'weak')}, strong {fcr.knee_text(s, 'strong')}")
+        out.append(f"  {fct.naive_lead(f)}forecast knee (efficiency < {100 * s['knee_threshold']:.0f}%, {s['series']}): "
+                   f"weak {fct.knee_text(s, 'weak')}, strong {fct.knee_text(s, 'strong')}")
     return out + pred
 
 

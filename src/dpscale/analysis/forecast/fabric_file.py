@@ -109,6 +109,7 @@ class Sweep:
     dtype: str | None = None
     redop: str | None = None
     avg_busbw_GBps: float | None = None   # the file's own "Avg bus bandwidth", where it has one
+    nccl_algo: str | None = None          # NCCL_ALGO=... as the output states it (its command line, env echo)
     notes: tuple = field(default=(), compare=False)
 
     @property
@@ -239,6 +240,7 @@ _PREFIXES = [re.compile(x) for x in (
     r"^\s*\d+:\s?",                                                               # srun --label
     r"^\s*[A-Za-z][\w.\-]*:\s+(?=#|\d)",                                          # pdsh/clush host:
     r"^\s*>\s?")]                                                                 # Markdown quote
+_ALGO = re.compile(r"NCCL_ALGO\s*=\s*[\"']?([A-Za-z_]+)")   # as the output's command line or env echo states it
 _BARE_RANK = re.compile(r"\[\d+\]")      # MPICH/Intel -l: "[0] " before every write, mid-line too
 _STAMP = re.compile(r"\d{4}-\d\d-\d\d$|\d\d:\d\d:\d\d$")
 _TYPE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
@@ -462,8 +464,12 @@ def _read_table(p: Path, text: str, ranks, hosts, placement) -> Sweep:
         hosts = 1
         notes.append("one host assumed (no Rank lines); pass hosts= for a multi-node run")
     gpus = sorted({g for seen in s["ranks"].values() for _, g in seen if g})
+    stated = sorted(set(_ALGO.findall(text)))
+    if len(stated) > 1:
+        notes.append(f"NCCL_ALGO stated more than once ({', '.join(stated)}); none taken")
     return _finish(p, TABLE, table, ranks, hosts, per_host, " + ".join(gpus) or None, placement, notes,
-                   hostnames=tuple(per_host), dtype=dtype, redop=redop, avg_busbw_GBps=s["avg"])
+                   hostnames=tuple(per_host), dtype=dtype, redop=redop, avg_busbw_GBps=s["avg"],
+                   nccl_algo=stated[0] if len(stated) == 1 else None)
 
 
 # ---------------------------------------------------------------- JSON
@@ -600,10 +606,19 @@ def fabric_tiers(sweep: Sweep, intra: fc.Fabric | None = None, *,
         how = "intra-node part neglected"
     else:
         how = f"intra-node ring ({intra.source or 'given'}) subtracted"
-    source = f"across-node tier of {N} nodes x {G} fitted to {what}; {how}"
     whole = G == 1 or intra.beta_Bps == math.inf   # nothing in the node to subtract
-    inter = fc.fit_whole(S, t, N, G, source) if whole else fc.fit_internode(S, t, N, G, intra, source)
+    algo, why = nccl_algorithm(sweep) if whole else ("", "")
+    source = f"across-node tier of {N} nodes x {G} fitted to {what}; {how}" + (f"; NCCL's {algo}: {why}" if algo else "")
+    inter = fc.fit_whole(S, t, N, G, source, algo) if whole else fc.fit_internode(S, t, N, G, intra, source)
     return Tiers(intra, inter, G, N, inter.source)
+
+
+def nccl_algorithm(sweep: Sweep) -> tuple[str, str]:
+    """(algorithm, why) NCCL ran the sweep's large payloads with (model.nccl_algorithm):
+    for nccl-tests' outputs only (a dpscale result may be gloo's: ("", why))."""
+    if sweep.format not in (TABLE, NCCL_JSON):
+        return "", f"a {sweep.format}: not read as NCCL's"
+    return fc.nccl_algorithm(sweep.hosts, sweep.gpus_per_node or 0, sweep.nccl_algo)
 
 
 def predicted_times(tiers: Tiers, sweep: Sweep) -> np.ndarray:

@@ -69,7 +69,10 @@
   the whole is charged in full (nothing measured what of it hides): exposed =
   max(f T_node, W(N)). At the file's own layout, its in-node ring inside its times,
   T = W(2): what it measured. A slower tier, either one, raises its term and never
-  lowers the other, so it never raises a forecast. Where the in-node ring alone is
+  lowers the other, so it never raises a forecast. A whole tier read from NCCL's output
+  (fabric_file) grows with the nodes as NCCL's flat ring over every rank, with its busbw
+  after a 2-node tree taken at ring_scale_after_tree of the tree's (nccl_algorithm,
+  across_time: why busbw falls from 2 nodes to 4 and then stays). Where the in-node ring alone is
   slower per byte than the whole that holds it (node_over_whole > 1), the two files
   cannot be one cluster's: a forecast that reads both is refused (fit.inconsistent).
 
@@ -103,6 +106,13 @@ class Fabric:
     k: int                    # where it was measured
     source: str = ""
     whole: bool = False       # a tier between nodes fitted whole (fit_whole): its in-node part inside it
+    # NCCL's algorithm at the whole tier's measured scale (nccl_algorithm): "ring", "tree", or "" (none read:
+    # the two-tier growth 2(N-1)/N); nodes, per_node: the layout measured; ring_scale: NCCL's flat ring past
+    # that scale runs at ring_scale x the measured busbw (1 for a ring; a tree at 2 nodes: ring_scale_after_tree)
+    algo: str = ""
+    nodes: int = 0
+    per_node: int = 0
+    ring_scale: float = 1.0
 
 
 def ring_time(size_bytes: float, k: int, fab: Fabric) -> float:
@@ -120,12 +130,11 @@ def tree_time(size_bytes: float, k: int, fab: Fabric) -> float:
 def hierarchical_time(size_bytes: float, nodes: int, per_node: int, intra: Fabric, inter: Fabric) -> float:
     """Reduce-scatter + all-gather in the node (a ring all-reduce's two halves) and a
     ring all-reduce across the nodes of each device's 1/G shard, the G shards sharing
-    the node's injection bandwidth inter.beta_Bps."""
+    the node's injection bandwidth inter.beta_Bps (a whole tier read as NCCL's: across_time)."""
     in_node = ring_time(size_bytes, per_node, intra)
     if nodes <= 1:
         return in_node
-    across = 2 * (nodes - 1) / nodes * size_bytes / inter.beta_Bps + 2 * (nodes - 1) * inter.alpha_s
-    return in_node + across
+    return in_node + across_time(size_bytes, nodes, inter, per_node)
 
 
 def fit_fabric(sizes: list[float], times_s: list[float], k: int, source: str = "") -> Fabric:
@@ -160,25 +169,96 @@ def fit_internode(sizes, times_s, nodes: int, per_node: int, intra: Fabric, sour
     return Fabric(float(alpha), float(1 / inv_beta), nodes * per_node, source)
 
 
-def fit_whole(sizes, times_s, nodes: int, per_node: int, source: str = "") -> Fabric:
+def fit_whole(sizes, times_s, nodes: int, per_node: int, source: str = "", algo: str = "") -> Fabric:
     """alpha, beta of a multi-node all-reduce measured as a whole, 2(N-1)/N S / beta +
     2(N-1) alpha over N nodes of per_node devices (its in-node part inside its times):
-    fit_internode with nothing in the node subtracted, least squares on relative error."""
+    fit_internode with nothing in the node subtracted, least squares on relative error.
+    algo: NCCL's algorithm at this scale (nccl_algorithm), where the times are NCCL's: the
+    tier then grows with the nodes as NCCL's flat ring (across_time), not as 2(N-1)/N."""
     free = Fabric(0.0, math.inf, per_node, "inside the whole")
-    return replace(fit_internode(sizes, times_s, nodes, per_node, free, source), whole=True)
+    fab = replace(fit_internode(sizes, times_s, nodes, per_node, free, source), whole=True)
+    if not algo:
+        return fab
+    return replace(fab, algo=algo, nodes=nodes, per_node=per_node,
+                   ring_scale=ring_scale_after_tree(nodes * per_node) if algo == "tree" else 1.0)
+
+
+# ---------------------------------------------------------------- NCCL's algorithm and the node count
+#
+# Why busbw changes with the node count (issue #54). NCCL builds flat rings over every rank, no
+# 2-D ring (NVIDIA/nccl#471); a ring of n ranks moves 2(n-1)/n S through each node's NICs, so its
+# busbw (nccl-tests' normalisation 2(n-1)/n) stays flat with n at large payloads (NVIDIA/nccl#1712:
+# the largest payloads' busbw "basically the same" over node counts; the smaller ones fall with the
+# ring's latency, 2(n-1) steps). "On 3+ nodes we should use rings for large enough sizes ... reflecting
+# the total NIC bandwidth" (nccl-tests#160). On 2 nodes NCCL takes its tree (NVLSTree on NVSwitch
+# nodes) for large payloads: "with Tree, on 2 nodes ... we have 2x less traffic on the network"
+# and its busbw "can go up to ~2x the network speed" (NVIDIA/nccl#946; #812: "fewer inter-node data
+# transmissions for that particular case. As you scale out beyond two nodes, the same effect will not be
+# present"; NCCL's own tuning doubles NVLSTree's network bandwidth at nNodes <= 2, NVIDIA/nccl src/graph/tuning.cc).
+# So a 2-node tree output overstates the ring that runs at 3+ nodes, by up to the traffic ratio
+# 2(n-1)/n (the tree moves S per node, the ring 2(n-1)/n S), and by nothing where the tree was held
+# by the node's inside instead. The ring's busbw past 2 nodes lies in [busbw_2 n/(2(n-1)), busbw_2]
+# (below: at least the rate the tree drove the NICs at; above: NCCL chose the tree as the faster, and
+# a node's NICs, where known, bound it too); the model takes the middle of that interval on the log
+# scale, sqrt(n/(2(n-1))), for nothing in the outputs places it elsewhere.
+
+def ring_scale_after_tree(ranks: int) -> float:
+    """NCCL's ring busbw past 2 nodes over a 2-node tree's: the middle (log scale) of
+    [n/(2(n-1)), 1], n the tree's ranks (see above)."""
+    return math.sqrt(ranks / (2 * (ranks - 1))) if ranks > 1 else 1.0
+
+
+def ring_after_tree_bounds(ranks: int) -> tuple[float, float]:
+    """The interval ring_scale_after_tree is the middle of: (n/(2(n-1)), 1)."""
+    return (ranks / (2 * (ranks - 1)) if ranks > 1 else 1.0), 1.0
+
+
+def nccl_algorithm(nodes: int, per_node: int, stated: str | None = None) -> tuple[str, str]:
+    """(algorithm, why) NCCL runs a large all-reduce with, on nodes x per_node ranks: the
+    one the output states (NCCL_ALGO=...), else a ring on 3+ nodes or one rank per node
+    (two ranks: tree and ring are one exchange), else the tree on 2 nodes (module notes)."""
+    if stated:
+        low = stated.lower()
+        algo = "ring" if low.startswith("ring") else "tree" if "tree" in low else ""
+        if algo:
+            return algo, f"NCCL_ALGO={stated} stated in the output"
+    if per_node <= 1:
+        return "ring", "one rank per node: the ring over the nodes"
+    if nodes >= 3:
+        return "ring", "3+ nodes: NCCL's ring at large payloads (nccl-tests#160)"
+    return "tree", "2 nodes: NCCL's tree at large payloads by default (NVIDIA/nccl#946, nccl-tests#309)"
+
+
+def ring_of(whole: Fabric) -> tuple[float, float]:
+    """(alpha, beta) of NCCL's flat ring over the whole tier's measured ranks that gives
+    the same times as fit_whole's 2(N-1)/N S / beta + 2(N-1) alpha at its measured layout
+    (beta in busbw units, per byte of 2(n-1)/n S)."""
+    n, N = whole.nodes * whole.per_node, whole.nodes
+    beta = whole.beta_Bps * (2 * (n - 1) / n) / (2 * (N - 1) / N)
+    alpha = whole.alpha_s * (N - 1) / (n - 1)
+    return alpha, beta
 
 
 def pipelined_time(size_bytes: float, nodes: int, per_node: int, intra: Fabric, whole: Fabric) -> float:
     """A multi-node all-reduce whose tier between nodes was measured whole (fit_whole): the
     ring in each node and the whole across nodes run at once, the slower setting the time,
     max(2(G-1)/G S / beta + 2(G-1) alpha, 2(N-1)/N S / beta_whole + 2(N-1) alpha_whole)."""
-    return max(ring_time(size_bytes, per_node, intra), across_time(size_bytes, nodes, whole))
+    return max(ring_time(size_bytes, per_node, intra), across_time(size_bytes, nodes, whole, per_node))
 
 
-def across_time(size_bytes: float, nodes: int, whole: Fabric) -> float:
-    """The whole multi-node all-reduce over N nodes: 2(N-1)/N S / beta_whole + 2(N-1) alpha_whole."""
+def across_time(size_bytes: float, nodes: int, whole: Fabric, per_node: int | None = None) -> float:
+    """The whole multi-node all-reduce over N nodes: 2(N-1)/N S / beta_whole + 2(N-1) alpha_whole.
+    A tier read as NCCL's (whole.algo) on nodes of its measured size (per_node None or
+    whole.per_node): at its measured node count what it measured; at any other, NCCL's
+    flat ring over the n = N x G ranks, 2(n-1)/n S / (ring_scale beta_ring) + 2(n-1)
+    alpha_ring (ring_of; ring_scale: 1 after a ring, ring_scale_after_tree after a tree)."""
     if nodes <= 1 or size_bytes <= 0:
         return 0.0
+    if whole.algo and whole.nodes > 1 and whole.per_node and per_node in (None, whole.per_node) \
+            and nodes != whole.nodes:
+        alpha, beta = ring_of(whole)
+        n = nodes * whole.per_node
+        return 2 * (n - 1) / n * size_bytes / (whole.ring_scale * beta) + 2 * (n - 1) * alpha
     return 2 * (nodes - 1) / nodes * size_bytes / whole.beta_Bps + 2 * (nodes - 1) * whole.alpha_s
 
 
@@ -282,7 +362,9 @@ def allreduce_parts(m: StepModel, k: int) -> tuple[float, float]:
 def _fabric_at(m: StepModel, k: int) -> tuple:
     """_buckets_time's arguments after the buckets: (k, per_node, alpha, beta, inter),
     inter = (alpha, beta, whole) of the tier between nodes past one node, else None."""
-    inter = (m.internode.alpha_s, m.internode.beta_Bps, m.internode.whole) if m.internode and k > m.per_node else None
+    w = m.internode
+    inter = (w.alpha_s, w.beta_Bps, w.whole, w.algo, w.nodes, w.per_node, w.ring_scale) \
+        if w and k > m.per_node else None
     return k, m.per_node, m.fabric.alpha_s, m.fabric.beta_Bps, inter
 
 
@@ -293,7 +375,8 @@ def _buckets_time(total, n, k, per_node, alpha, beta, inter, algo) -> float:
     intra = Fabric(n * alpha, beta, k)
     if inter is None:
         return algo(total, k, intra)
-    across = Fabric(n * inter[0], inter[1], 0)
+    across = Fabric(n * inter[0], inter[1], 0, whole=inter[2], algo=inter[3], nodes=inter[4], per_node=inter[5],
+                    ring_scale=inter[6])
     if inter[2]:
         return pipelined_time(total, math.ceil(k / per_node), per_node, intra, across)
     return hierarchical_time(total, math.ceil(k / per_node), per_node, intra, across)
@@ -337,7 +420,8 @@ def whole_time(m: StepModel, k: int) -> float:
     """The whole tier between nodes on all of DDP's buckets at k (pipelined_time's second
     term): the total bytes plus a latency per bucket."""
     n, whole = len(m.buckets), m.internode
-    return across_time(float(sum(m.buckets)), math.ceil(k / m.per_node), Fabric(n * whole.alpha_s, whole.beta_Bps, 0))
+    return across_time(float(sum(m.buckets)), math.ceil(k / m.per_node), replace(whole, alpha_s=n * whole.alpha_s),
+                       m.per_node)
 
 
 def straggler_time(m: StepModel, k: int, batch: float) -> float:

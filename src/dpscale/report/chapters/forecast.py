@@ -5,7 +5,7 @@ it did not use, beside three naive predictors, with the band's coverage; where a
 predictor did better out of sample on a machine, that machine's lines lead with it."""
 from __future__ import annotations
 
-from dpscale.report import forecast as fcr
+from dpscale.report import forecast as fcr, forecast_text as fct
 from dpscale.report.document import Cell, Chapter, FigureSpec, Page
 from dpscale.report.machines import Machine, ReportData
 from dpscale.report.numbers import pct
@@ -77,7 +77,7 @@ def headline(data: ReportData) -> str:
         lead = lead_text(f) if f["validation"] else ""
         parts.append(f"{f['label']} {lead}{s['series']} weak k=8 {pct(k8.get('weak_efficiency'))}, 4 nodes of 8 "
                      f"{pct(n4.get('weak_efficiency'))}; knee (weak/strong, < {pct(s['knee_threshold'])}) "
-                     f"{fcr.knee_text(s, 'weak')}/{fcr.knee_text(s, 'strong')}")
+                     f"{fct.knee_text(s, 'weak')}/{fct.knee_text(s, 'strong')}")
     return "Forecast: " + ("; ".join(parts) or "no machine has k=1 throughput")
 
 
