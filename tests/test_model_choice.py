@@ -175,10 +175,12 @@ def test_a_holdout_weighs_only_the_batches_it_was_fitted_to():
         batch_model.predict(batch_model.fit_batch_model({B: pts[B] for B in (256, 512, 1024)}), 2048)["mean"])
 
 
-def test_the_holdouts_mixture_band_is_for_the_mean_of_the_seeds_it_is_checked_against():
+def test_the_holdouts_mixture_band_is_for_the_mean_of_the_seeds_it_is_checked_against(monkeypatch):
     """The held-out batch measured with one seed, then with five (the fit from the smaller
     batches the same): the mixture's band, like each model's, is for the mean of that many
-    new seeds, so five seeds' band is clearly narrower (one seed's is about 1.4x as wide)."""
+    new seeds, so five seeds' band is clearly narrower (one seed's is about 1.4x as wide).
+    The misfit, which does not depend on the seeds, is left out here (its own tests above)."""
+    monkeypatch.setattr(model_choice, "misfit", lambda s, batch: None)
     for seed in (3, 4, 5):
         pts = _points(np.random.default_rng(seed), line)
         five = model_choice.holdout(pts, 2048, [256, 512, 1024], draws=4000)
@@ -186,3 +188,28 @@ def test_the_holdouts_mixture_band_is_for_the_mean_of_the_seeds_it_is_checked_ag
         assert (five["measured_n"], one["measured_n"]) == (5, 1)
         for a, b in ((five["combined"], one["combined"]), (five["models"]["line"], one["models"]["line"])):
             assert b["pred_hi"] - b["pred_lo"] > 1.25 * (a["pred_hi"] - a["pred_lo"])
+
+
+def test_the_misfit_is_the_mixtures_own_out_of_sample_error_not_the_lines():
+    """On data a strongly curved power law made (E ~ B^0.3 over 128..8192: the line
+    predicts each next batch far off, the weights go to the power law), the band's misfit
+    is estimated from the mixture's "predict the next" errors: each own residual is the
+    measured mean against choose() over the batches below, recomputed here, and the misfit
+    is far below what the line's residuals would give (the mutant: the line's misfit
+    applied to the mixture's draws)."""
+    from dpscale.analysis.stateff import batch_misfit
+    rng = np.random.default_rng(11)
+    pts = _points(rng, lambda B: 4.0e4 * B ** 0.3, batches=(128, 256, 512, 1024, 2048, 4096, 8192), seeds=5)
+    s = model_choice.choose(pts)
+    assert s["weights"]["power"] > 0.8
+    mf = model_choice.misfit(s, 16384)
+    own = model_choice.next_residuals(pts)
+    assert mf["own"] == len(own) >= batch_misfit.MIN_OWN and mf["source"] == "own"
+    for r in own:   # each residual: the mixture of the batches below it, by their own weights
+        below = model_choice.choose(pts, r["fit_batches"])
+        mean = sum(below["weights"][m] * model_choice.predict(f, r["batch"], 5)["mean"] for m, f in below["fits"].items())
+        measured = float(np.mean(pts[r["batch"]]))
+        assert r["relative"] == pytest.approx((measured - mean) / measured, abs=0.01)
+    line_tau = math.sqrt(batch_misfit.misfit_variance(batch_misfit.next_residuals(pts)))
+    assert mf["rel_sd"] == pytest.approx(math.sqrt(batch_misfit.misfit_variance(own)))
+    assert mf["rel_sd"] < 0.5 * line_tau, (mf["rel_sd"], line_tau)

@@ -119,12 +119,16 @@ def _related(u: Table, t: Table) -> bool:
     return u is t or u.benchmark == t.benchmark or bool(_entries(u) & _entries(t))
 
 
-def residual_pool(fams: list[list[Table]], level: float = LEVEL, weighting: str = "cv") -> list[tuple[list, list]]:
-    """Per family: (its tables, the next_residuals of its representative)."""
+def residual_pool(fams: list[list[Table]], level: float = LEVEL, weighting: str = "cv",
+                  residuals=None) -> list[tuple[list, list]]:
+    """Per family: (its tables, the "predict the next" residuals of its representative):
+    the line's (batch_misfit.next_residuals), or residuals(points, level, table) of another
+    model (model_choice.next_residuals: the mixture's)."""
     out = []
     for fam in fams:
         rep = representative(fam)
-        out.append((fam, batch_misfit.next_residuals(rep.points(), weighting, level, rep.name)))
+        out.append((fam, batch_misfit.next_residuals(rep.points(), weighting, level, rep.name) if residuals is None
+                    else residuals(rep.points(), level, rep.name)))
     return out
 
 
@@ -133,10 +137,11 @@ def pool_for(t: Table, pools: list[tuple[list, list]]) -> list[dict]:
     return [r for fam, res in pools if not any(_related(u, t) for u in fam) for r in res]
 
 
-def public_pool(tables: list[Table], level: float = LEVEL, weighting: str = "cv") -> list[dict]:
+def public_pool(tables: list[Table], level: float = LEVEL, weighting: str = "cv", residuals=None) -> list[dict]:
     """The residuals another E(B) fit (the project's own) may borrow when it has fewer than
-    batch_misfit.MIN_OWN of its own: one representative table per family of `tables`."""
-    return [r for _, res in residual_pool(families(tables), level, weighting) for r in res]
+    batch_misfit.MIN_OWN of its own: one representative table per family of `tables`
+    (residuals: as residual_pool's)."""
+    return [r for _, res in residual_pool(families(tables), level, weighting, residuals) for r in res]
 
 
 def _coverage(flags: list[bool]) -> dict:

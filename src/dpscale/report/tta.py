@@ -501,12 +501,14 @@ PUBLIC_CONVERGENCE = provenance.ROOT / "reference" / "public" / "convergence"
 
 @functools.cache
 def public_pool() -> tuple:
-    """The public tables' "predict the next" residuals, one table per benchmark family:
-    what this machine's E(B) misfit borrows where its own batches give too few
-    (model_choice.misfit; the same fixed pool for every machine)."""
+    """The public tables' "predict the next" residuals of the model the forecast draws (the
+    mixture: model_choice.next_residuals), one table per benchmark family: what this
+    machine's E(B) misfit borrows where its own batches give too few (model_choice.misfit;
+    the same fixed pool for every machine)."""
     from dpscale.analysis import convergence, convergence_check
+    from dpscale.analysis.stateff import model_choice
     tables = [convergence.read(p) for p in sorted(PUBLIC_CONVERGENCE.glob("*/*.csv"))]
-    return tuple(convergence_check.public_pool(tables)) if tables else ()
+    return tuple(convergence_check.public_pool(tables, residuals=model_choice.next_residuals)) if tables else ()
 
 
 @functools.cache

@@ -166,17 +166,52 @@ def draw_expected(models: dict, batches, rng, n: int):
     return out, np.array(names)[pick]
 
 
+MIXTURE_DRAWS = 4000   # per residual: its mean and sd to well under the residuals' own spread
+
+
+def residual(points: dict, batch, level: float = LEVEL, table: str = "", seed: int = 0) -> dict | None:
+    """One "predict the next" residual of the mixture this module draws (batch_misfit's
+    residual() is the line's): `batch` predicted from every batch of `points` below it by
+    choose() over those alone, weights included. relative = (measured - the mixture's
+    mean) / measured; noise_var = (sd of the mixture's draws of the mean of that batch's
+    seeds / measured)^2, the part the band already carries; leverage: the line's (how far
+    the prediction reaches past its batches; the power law's would need its own
+    sandwich, and the line's extrapolates the same distance). None where it cannot be."""
+    import numpy as np
+    below = [B for B in sorted(points) if B < batch]
+    conv = [float(v) for v in points.get(batch, []) if reached(v)]
+    if len(below) < 2 or not conv:
+        return None
+    try:
+        s = choose(points, below, level)
+    except ValueError:
+        return None
+    d = _draw_seed_means(s, batch, len(conv), np.random.default_rng(seed), MIXTURE_DRAWS)
+    m, mean = sum(conv) / len(conv), float(np.mean(d))
+    lev = (batch_misfit.leverage({B: points[B] for B in below}, s["fits"]["line"]["coef"], batch)
+           if "line" in s["fits"] else 0.0)
+    return {"table": table, "batch": batch, "fit_batches": list(below), "relative": (m - mean) / m,
+            "noise_var": (float(np.std(d)) / m) ** 2, "leverage": lev, "model": "mixture"}
+
+
+def next_residuals(points: dict, level: float = LEVEL, table: str = "") -> list[dict]:
+    """Every "predict the next" residual of the mixture within `points`."""
+    out = [residual(points, B, level, table) for B in sorted(points)]
+    return [r for r in out if r is not None]
+
+
 def misfit(s: dict, batch: float) -> dict | None:
     """The between-batch misfit at `batch` of a choose() record (batch_misfit, issue #44):
-    tau, the relative sd by which a batch's mean sits off the model, estimated from the
-    "predict the next" errors among the fitted batches (their own when they give
-    batch_misfit.MIN_OWN, else with s["pool"], public tables', beside them), and the
-    leverage h by which misfit at the fitted batches reaches `batch` through the fit.
-    None where nothing can be estimated (no points, no residual)."""
+    tau, the relative sd by which a batch's mean sits off the model actually drawn (the
+    mixture of the line and the power law, by their weights), estimated from its "predict
+    the next" errors among the fitted batches (their own when they give
+    batch_misfit.MIN_OWN, else with s["pool"], public tables' mixture residuals, beside
+    them), and the leverage h by which misfit at the fitted batches reaches `batch`
+    through the fit. None where nothing can be estimated (no points, no residual)."""
     pts = s.get("points")
     if not pts or "line" not in s["fits"]:
         return None
-    own = batch_misfit.next_residuals(pts)
+    own = next_residuals(pts)
     used, source = batch_misfit._chosen(own, s.get("pool") or (), batch_misfit.MIN_OWN)
     tau2 = batch_misfit.misfit_variance(used)
     if tau2 is None:
