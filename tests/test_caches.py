@@ -66,6 +66,29 @@ def test_the_layout_the_variables_and_the_key_file(tmp_path):
     assert caches.env_for(None, "torch", GPU_FP) == ({}, None)   # no root: the environment as it is
 
 
+def test_empty_jax_entries_a_full_disk_left_are_removed_and_not_called_warm(tmp_path):
+    """A disk that filled while JAX wrote its entries leaves them empty; JAX never rewrites
+    an entry that exists, so each later job would recompile while its log said 'warm'."""
+    caches.env_for(tmp_path, "jax", GPU_FP)
+    xla = tmp_path / caches.folder_name(caches.key("jax", GPU_FP)) / "xla"
+    for i in range(3):
+        (xla / f"jit_step-{i}-cache").write_bytes(b"")
+    _, note = caches.env_for(tmp_path, "jax", GPU_FP)
+    assert "(empty; " in note and "removed 3 empty entries a full disk had left" in note, note
+    assert not any(xla.iterdir())
+    (xla / "jit_step-0-cache").write_bytes(b"compiled")
+    (xla / "jit_step-1-cache").write_bytes(b"")
+    _, note = caches.env_for(tmp_path, "jax", GPU_FP)
+    assert "(warm; " in note and "removed 1 empty entry" in note, note
+    assert [p.name for p in xla.iterdir()] == ["jit_step-0-cache"]
+    torch_folder = tmp_path / caches.folder_name(caches.key("torch", GPU_FP))
+    caches.env_for(tmp_path, "torch", GPU_FP)
+    (torch_folder / "inductor" / "locks").mkdir()
+    (torch_folder / "inductor" / "locks" / "abc.lock").write_bytes(b"")   # inductor's own, kept
+    _, note = caches.env_for(tmp_path, "torch", GPU_FP)
+    assert "(empty; " in note and (torch_folder / "inductor" / "locks" / "abc.lock").exists()
+
+
 @pytest.mark.parametrize("how", ["corrupt", "another key", "a file in the way", "root is a file"])
 def test_a_cache_that_cannot_be_used_is_turned_off_and_said(tmp_path, how):
     folder = caches.folder_name(caches.key("jax", GPU_FP))

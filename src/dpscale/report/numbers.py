@@ -111,6 +111,12 @@ def gpu_flags(r: dict | None) -> list[str]:
     return list(((r or {}).get("gpu_state") or {}).get("flags") or []) if ok(r) else []
 
 
+def host_flags(r: dict | None) -> list[str]:
+    """What the host flagged: more ranks than CPU cores (dpscale.run.watchdog.oversubscribed)."""
+    o = (r or {}).get("oversubscribed") if ok(r) else None
+    return [f"{o['ranks']} ranks on {o['cores']} CPU cores"] if o else []
+
+
 def slow_ranks(r: dict | None, threshold: float = 0.05) -> list[int]:
     rows = metric(r, "per_rank", default=[]) or []
     secs = [x.get("seconds_repeats") or ([x["seconds"]] if x.get("seconds") else []) for x in rows]
@@ -139,7 +145,7 @@ def _scaling(m: Machine, experiment: str, variant: str) -> list[dict]:
                "per_rank_batch": metric(r, "per_rank_batch"), "global_batch": metric(r, "global_batch"),
                "step_ms_median": metric(r, "step_ms_median"), "peak_mem_MiB": metric(r, "peak_mem_MiB"),
                "mfu": metric(r, "mfu"), "slow_ranks": slow_ranks(r), "backend": r.get("backend"),
-               "gpu_flags": gpu_flags(r)}
+               "gpu_flags": gpu_flags(r), "host_flags": host_flags(r)}
         row.update(_relative(r, row, k, ser.get(1), book1))
         rows.append(row)
     return rows

@@ -191,6 +191,8 @@ def text(data, html_path) -> str:
     out += (failed_lines(cur) or [f"{cur.label}: every planned measurement left a number or was skipped"]) if cur \
         else []
     out += [f"data: {a}" for a in (cur.alerts if cur else [])]
+    out += [f"flagged: {job_label(r['experiment'], r['variant'], r['k'])}: {r['oversubscribed']['why']}"
+            for r in (cur.results.values() if cur else []) if r.get("status") == "ok" and r.get("oversubscribed")]
     out += lone_lines(cur) + skipped_lines(cur) if cur else []
     out += ["", f"report: {Path(html_path).resolve()}"]
     return "\n".join(out) + "\n"

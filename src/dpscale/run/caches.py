@@ -109,8 +109,9 @@ def check_key_file(path: Path, k: dict, folder: Path) -> None:
         raise Unusable(f"{path} names another key ({held!r})")
 
 
-def open_cache(root: Path, family: str, fp: dict) -> tuple[Path, bool]:
-    """The key's folder under `root`, created and checked writable; whether it holds entries."""
+def open_cache(root: Path, family: str, fp: dict) -> tuple[Path, bool, int]:
+    """The key's folder under `root`, created and checked writable; whether it holds
+    entries (files with content); how many empty JAX entries were removed."""
     k = key(family, fp)
     folder = root / folder_name(k)
     try:
@@ -120,10 +121,32 @@ def open_cache(root: Path, family: str, fp: dict) -> tuple[Path, bool]:
         for sub in FOLDERS[family]:   # a probe: a read-only mount passes mkdir of existing folders
             with tempfile.NamedTemporaryFile(dir=folder / sub, prefix=".probe."):
                 pass
-        warm = any(any(os.scandir(folder / sub)) for sub in FOLDERS[family])
+        dropped = drop_empty_entries(folder, family)
+        warm = any(_entries(folder / sub) for sub in FOLDERS[family])
     except OSError as e:
         raise Unusable(f"cannot use {e.filename or folder}: {e.strerror or e}") from e
-    return folder, warm
+    return folder, warm, dropped
+
+
+def _entries(folder: Path) -> int:
+    """Files that hold something, anywhere under folder (a lock file holds nothing)."""
+    return sum(1 for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".probe.")
+               and p.stat().st_size > 0)
+
+
+def drop_empty_entries(folder: Path, family: str) -> int:
+    """Remove JAX's empty cache entries, and say how many. A disk that filled while JAX
+    wrote an entry leaves it empty; JAX then fails to read it in every later process and
+    compiles again, but never rewrites it (it skips a key that exists), so the cache stays
+    broken for that program. Removed, the next compile writes it whole. torch's folders
+    are left as they are: inductor and Triton keep empty lock files there on purpose."""
+    if family != "jax":
+        return 0
+    empty = [p for p in (folder / "xla").rglob("*") if p.is_file() and p.stat().st_size == 0
+             and not p.name.startswith(".probe.")]
+    for p in empty:
+        p.unlink(missing_ok=True)
+    return len(empty)
 
 
 def env_for(root: str | os.PathLike | None, family: str, fp: dict) -> tuple[dict, str | None]:
@@ -134,13 +157,15 @@ def env_for(root: str | os.PathLike | None, family: str, fp: dict) -> tuple[dict
     if family not in FOLDERS:
         return {}, None
     try:
-        folder, warm = open_cache(Path(root).expanduser(), family, fp)
+        folder, warm, dropped = open_cache(Path(root).expanduser(), family, fp)
     except Unusable as e:
         return uncached(family), (f"compile cache off: {e}; this job compiles uncached "
                                   f"(clear it with rm -rf {Path(root) / folder_name(key(family, fp))}*)")
     k = key(family, fp)
     what = ", ".join(f"{f} {v}" for f, v in k.items() if f != "family")
-    return variables(family, folder), f"compile cache {folder} ({'warm' if warm else 'empty'}; key {what})"
+    fixed = (f"; removed {dropped} empty entr{'y' if dropped == 1 else 'ies'} a full disk had left, which JAX never "
+             "rewrites" if dropped else "")
+    return variables(family, folder), f"compile cache {folder} ({'warm' if warm else 'empty'}; key {what}{fixed})"
 
 
 BYTECODE = "python-bytecode"

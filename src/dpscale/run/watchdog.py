@@ -308,11 +308,28 @@ def finish(job: Job, done: list[dict], wall_s: float) -> int:
     why = gpustate.policy_failure(merged.get("gpu_state"), job.spec.get("gpu_state"))
     if why:
         merged.update(status="failed", reason=f"gpu_state: {why}")
+    if crowd := oversubscribed(job.spec):
+        merged["oversubscribed"] = crowd
+        print(f"[watchdog] flagged: {crowd['why']}", flush=True)
     save(job.result, merged)
     if why:
         record_failure(job.result, merged["reason"])
         print(f"[watchdog] recorded failed: {merged['reason']}", flush=True)
     return 0
+
+
+def oversubscribed(spec: dict, cores: int | None = None) -> dict | None:
+    """More ranks (times their threads) than CPU cores this job may run on: the ranks
+    took turns on the cores, so the number measures the host's scheduler as much as the
+    devices and the fabric (a configuration forced past what the machine has, e.g.
+    cluster={gpus_per_node: 8} on two cores). None when every rank had a core."""
+    cores = cores or len(os.sched_getaffinity(0))
+    ranks, threads = specs.processes(spec), int(spec.get("threads_per_rank") or 1)
+    if ranks * threads <= cores:
+        return None
+    return {"ranks": ranks, "threads_per_rank": threads, "cores": cores,
+            "why": f"{ranks} rank(s) x {threads} thread(s) shared {cores} CPU core(s): they took turns, so the "
+                   "number measures the host's scheduler too"}
 
 
 def launch_path(job: Job, i: int, n: int) -> Path:

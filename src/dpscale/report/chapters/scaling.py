@@ -15,7 +15,7 @@ FIGURES = (FigureSpec("scaling_weak", "DDP weak scaling: samples/s against k, wi
 DETAILS = ["machine", "experiment", "variant", "k", "status", "samples_per_s", "mean", "interval", "repeats",
            "covers", "cv", "speedup", "speedup_interval", "efficiency", "efficiency_interval", "ratio_covers",
            "ratio_method", "per_rank_batch",
-           "global_batch", "step_ms_median", "peak_mem_MiB", "mfu", "slow_ranks", "gpu"]
+           "global_batch", "step_ms_median", "peak_mem_MiB", "mfu", "slow_ranks", "gpu", "host"]
 
 
 def primary_variant(m: Machine, experiment: str) -> str | None:
@@ -76,9 +76,10 @@ def side_by_side(data: ReportData, experiment: str, strong: bool, key: str, titl
                 cells.append(Cell("not planned", "missing", raw=None))
             elif row["status"] != "ok":
                 cells.append(Cell(f"{row['status'].upper()}: {row['reason']}", row["status"].replace(" ", ""), raw=None))
-            elif row.get("gpu_flags"):   # a shared or slowed GPU: the number is suspect, and says so
-                cells.append(Cell(f"{book_form_scaling(m, row, strong).split(': ', 1)[1]} "
-                                  f"(GPU {'; '.join(row['gpu_flags'])})", "alert"))
+            elif row.get("gpu_flags") or row.get("host_flags"):   # a shared or slowed device: suspect, and said
+                said = [f"GPU {'; '.join(row['gpu_flags'])}"] * bool(row.get("gpu_flags")) + row.get("host_flags", [])
+                cells.append(Cell(f"{book_form_scaling(m, row, strong).split(': ', 1)[1]} ({'; '.join(said)})",
+                                  "alert"))
             else:
                 cells.append(Cell(book_form_scaling(m, row, strong).split(": ", 1)[1],
                                   "book" if m.kind == "book" else "", raw=row["samples_per_s"]))
@@ -110,7 +111,8 @@ def detail_records(data: ReportData) -> list[dict]:
                                 "speedup_interval": (r["speedup_lo"], r["speedup_hi"]),
                                 "efficiency_interval": (r["efficiency_lo"], r["efficiency_hi"]),
                                 "slow_ranks": ", ".join(map(str, r["slow_ranks"])) or "–",
-                                "gpu": "; ".join(r.get("gpu_flags") or []) or "–"})
+                                "gpu": "; ".join(r.get("gpu_flags") or []) or "–",
+                                "host": "; ".join(r.get("host_flags") or []) or "–"})
     return out
 
 
@@ -129,7 +131,10 @@ def gpu_banners(data: ReportData) -> list[tuple[str, str]]:
     return [("warn", f"{r['machine']}: {r['experiment']} [{r['variant']}] k={r['k']}: the GPU was {r['gpu']} "
                      "during the timing, so its samples/s may read low (the result's gpu_state holds the "
                      "samples; gpu_state.on_shared / on_throttle: fail records such a run as failed)")
-            for r in detail_records(data) if r["gpu"] != "–"]
+            for r in detail_records(data) if r["gpu"] != "–"] + [
+        ("warn", f"{r['machine']}: {r['experiment']} [{r['variant']}] k={r['k']}: {r['host']} took turns during "
+                 "the timing, so its samples/s measures the host's scheduler too (cluster.gpus_per_node, or fewer "
+                 "k: one rank per core)") for r in detail_records(data) if r["host"] != "–"]
 
 
 def page(data: ReportData) -> Page:
