@@ -19,6 +19,7 @@ across the files are said in one line; the knee line speaks only of the k foreca
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shutil
 from pathlib import Path
@@ -132,6 +133,50 @@ def test_a_machines_point_never_moves_with_the_machines_beside_it(order, n):
     for m, f in zip(chosen, fcr.of_machines(chosen, SMALL, GIVEN)):
         assert f["machine"] == m.name
         assert points(f) == ALONE[m.name], m.name
+
+
+def bands(f: dict) -> dict:
+    """A machine's bands: each grid row's efficiency band, each validation row's."""
+    grid = {(s["series"], r["k"], key): (r.get(f"{key}_lo"), r.get(f"{key}_hi")) for s in f["series"]
+            for r in s["rows"] for key in ("weak_efficiency", "strong_efficiency")}
+    val = {(r["series"], r["scaling"], r["k"], r["rule"]): (r["predicted_lo"], r["predicted_hi"]) for r in f["validation"]}
+    return {"grid": grid, "validation": val}
+
+
+ALONE_BANDS = {m.name: bands(fcr.of_machines([m], SMALL, GIVEN)[0]) for m in MACHINES}
+
+
+@settings(max_examples=200, deadline=None)
+@given(order=st.permutations(range(len(MACHINES))), n=st.integers(1, len(MACHINES)))
+def test_a_machines_band_moves_only_with_the_declared_prior(order, n):
+    """Any committed machines beside it, added, removed or reordered: each one's bands are
+    those it gives alone, and its record names the prior they borrowed from (file, version,
+    hardware class): nothing but reference/forecast-prior.json moves a band."""
+    chosen = [MACHINES[j] for j in order[:n]]
+    for m, f in zip(chosen, fcr.of_machines(chosen, SMALL, GIVEN)):
+        assert bands(f) == ALONE_BANDS[m.name], m.name
+        assert f["prior"] == {"path": "reference/forecast-prior.json", "version": fcr.prior_version(),
+                              "class": fcr.hardware_class(m), "rows": len(fcr.committed(SMALL, fcr.hardware_class(m)))}
+
+
+def test_a_new_prior_version_moves_the_bands_that_borrow_and_only_within_a_class(tmp_path, monkeypatch):
+    """The prior's GPU rows' errors doubled, in a file of its own: the bands of a GPU
+    machine that borrows (h200x2: too few rows of its own) move and name the new version;
+    a CPU machine's do not (no row of another class is ever borrowed)."""
+    rec = json.loads(fcr.PRIOR.read_text())
+    for r in rec["rows"]:
+        if r["class"] == "gpu":
+            r["error_log"] *= 2
+    new = tmp_path / "forecast-prior.json"
+    new.write_text(json.dumps(rec))
+    monkeypatch.setattr(fcr, "PRIOR", new)
+    for m in MACHINES:
+        f = fcr.of_machines([m], SMALL, GIVEN)[0]
+        assert f["prior"]["version"] == fcr.prior_version(new) and f["prior"]["path"] == str(new)
+        if m.label == "h200x2":
+            assert bands(f) != ALONE_BANDS[m.name]
+        if fcr.hardware_class(m) == "cpu":
+            assert bands(f) == ALONE_BANDS[m.name]
 
 
 # ---------------------------------------------------------------- a dropped result file

@@ -172,6 +172,9 @@ def add_forecast_parser(sub) -> None:
     f.add_argument("--fabric-check", type=Path, default=None, metavar="DIR",
                    help="instead of a forecast, check the fabric model on public nccl-tests outputs of one cluster at "
                         "several scales (DIR/scales.yaml; reference/fabrics/nccl-tests; docs/fabric-check.md)")
+    f.add_argument("--write-prior", action="store_true",
+                   help="regenerate the band's declared prior, reference/forecast-prior.json, from the committed "
+                        "machines (their out-of-sample errors, each with its hardware class), and stop")
     f.add_argument("--markdown", choices=("summary", "validation"), default=None,
                    help="instead of the text, print a page's block (`dpscale docs` fills README.md and "
                         "docs/forecast.md with them): summary, the per-machine table and the fabric check's figures "
@@ -187,6 +190,11 @@ def forecast(a) -> int:
     from dpscale.analysis.forecast.fabric_file import FabricFileError
     from dpscale.report import forecast as fcr, forecast_text as fct
     from dpscale.report.machines import load_reference, reference_folders
+    if a.write_prior:
+        rec = fcr.write_prior()
+        print(f"wrote {fcr.PRIOR}: {len(rec['rows'])} rows; classes "
+              + "; ".join(f"{c}: {', '.join(ms) or 'none'}" for c, ms in rec["classes"].items()))
+        return 0
     if a.fabric_check and not a.markdown:
         print(fct.fabric_check_text(a.fabric_check, json_path=a.json))
         return 0

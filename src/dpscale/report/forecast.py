@@ -16,6 +16,7 @@ one node; the grid's nodes hold as many devices as that tier was measured with.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from dpscale import provenance, registry
@@ -312,24 +313,72 @@ def validation_of(built: list, mid: str, cfg: dict) -> list[dict]:
     return [dict(r) for r in _VALIDATION[key]]
 
 
-def committed(cfg: dict) -> list:
-    """The validation residuals of the committed machines (reference/*/ and the book):
-    the fixed pool a machine with too few rows of its own takes its misfit from."""
+# The band's prior: the committed machines' out-of-sample errors, declared in one file that
+# `dpscale forecast --write-prior` regenerates (its rows, each machine's hardware class and
+# the settings it was made at are listed there). A machine with too few rows of its own
+# borrows from it, and only rows of its own hardware class: nothing measured that a CPU
+# stand-in's error says anything about an H200's. A band moves only when this file does,
+# never with what else is under reference/ or on the command line.
+PRIOR = provenance.ROOT / "reference" / "forecast-prior.json"
+
+
+def hardware_class(m: Machine) -> str:
+    """'gpu' or 'cpu': the class whose prior rows a machine may borrow (the book's 4090s: gpu)."""
+    return "gpu" if m.kind == "book" or (m.fingerprint or {}).get("gpu_count") else "cpu"
+
+
+def prior_record(cfg: dict) -> dict:
+    """The prior as `--write-prior` writes it: every validation row of the committed
+    machines (reference/*/ with results, and the book), as the model's residual."""
     from dpscale.analysis.forecast import check
     from dpscale.report import book as bookmod
     from dpscale.report.machines import load_reference, reference_folders
-    key = _cfg_key(cfg)
+    machines = [load_reference(p) for p in reference_folders([provenance.ROOT / "reference"])
+                if (p / "runs").is_dir()]
+    book = bookmod.load(bookmod.PATH) if bookmod.PATH.exists() else None
+    rows = []
+    for m in machines + ([book] if book else []):
+        built = machine_series(m)
+        mid = identity([s for *_, s in built])
+        for r in validation_of(built, mid, cfg):
+            res = check.residual(r, mid)
+            rows.append({"machine": m.label, "class": hardware_class(m), "identity": mid, "series": res.series,
+                         "scaling": res.scaling, "k": res.k, "error_log": res.error_log,
+                         "noise_var": res.noise_var, "reads": sorted((list(x) for x in res.reads), key=str)})
+    return {"what": "the forecast band's prior: out-of-sample errors of the committed machines (log(predicted / "
+                    "measured)), borrowed only within a hardware class (dpscale.report.forecast.committed)",
+            "command": "dpscale forecast --write-prior", "settings": {k: v for k, v in cfg.items()
+                                                                     if k != "fabric_files"},
+            "classes": {c: sorted({r["machine"] for r in rows if r["class"] == c}) for c in ("gpu", "cpu")},
+            "rows": rows}
+
+
+def prior_version(path=None) -> str:
+    """12 hex digits of the prior file's bytes: the version a band names."""
+    import hashlib
+    path = path or PRIOR
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+    except OSError:
+        return "none"
+
+
+def committed(cfg: dict, cls: str | None = None, path=None) -> list:
+    """The declared prior's residuals of hardware class `cls` (all classes: None): the
+    fixed pool a machine with too few rows of its own takes its misfit from. No file: none
+    (the band is the machine's own rows alone, and says so)."""
+    from dpscale.analysis.forecast.misfit import Residual
+    path = path or PRIOR
+    key = (str(path), prior_version(path))
     if key not in _COMMITTED:
-        machines = [load_reference(p) for p in reference_folders([provenance.ROOT / "reference"])
-                    if (p / "runs").is_dir()]
-        book = bookmod.load(bookmod.PATH) if bookmod.PATH.exists() else None
-        out = []
-        for m in machines + ([book] if book else []):
-            built = machine_series(m)
-            mid = identity([s for *_, s in built])
-            out += [check.residual(r, mid) for r in validation_of(built, mid, cfg)]
-        _COMMITTED[key] = out
-    return _COMMITTED[key]
+        try:
+            rows = json.loads(Path(path).read_text())["rows"]
+        except (OSError, ValueError, KeyError):
+            rows = []
+        _COMMITTED[key] = [(r["class"], Residual(r["identity"], r["series"], r["scaling"], int(r["k"]),
+                                                 float(r["error_log"]), float(r["noise_var"]),
+                                                 frozenset(tuple(x) for x in r["reads"]))) for r in rows]
+    return [res for c, res in _COMMITTED[key] if cls is None or c == cls]
 
 
 def of_machine(m: Machine, cfg: dict, given) -> dict:
@@ -338,7 +387,7 @@ def of_machine(m: Machine, cfg: dict, given) -> dict:
     from dpscale.analysis.forecast import check, misfit, predict
     built = machine_series(m)
     mid = identity([s for *_, s in built])
-    pool_rows = committed(cfg)
+    pool_rows = committed(cfg, hardware_class(m))
     validation = [{"machine": m.name, **r} for r in validation_of(built, mid, cfg)]
     check.calibrate(validation, mid, pool_rows, cfg)
     rows, how = misfit.pool(None, None, None, mid, [check.residual(r, mid) for r in validation], pool_rows)
@@ -354,7 +403,11 @@ def of_machine(m: Machine, cfg: dict, given) -> dict:
                        "misfit": tau, "misfit_rows": nu, "misfit_from": how,
                        **{f"{sc}_knee_k": predict.knee(g["rows"], f"{sc}_efficiency", cfg["knee_efficiency"])
                           for sc in predict.SCALINGS}})
+    where = PRIOR.relative_to(provenance.ROOT) if PRIOR.is_relative_to(provenance.ROOT) else PRIOR
+    prior = {"path": str(where), "version": prior_version(), "class": hardware_class(m),
+             "rows": len(pool_rows)}
     return {"machine": m.name, "label": m.label if m.kind != "book" else "book", "kind": m.kind, "config": cfg,
+            "prior": prior,
             "fabric_files": given.source, "fabric_explicit": given.explicit, "fabric_mixed": given.mixed,
             "refused": list(dict.fromkeys(x["refused"] for x in series if x["refused"])),
             "left_out": left_out(m, built), "series": series,
@@ -439,6 +492,14 @@ def record(forecasts: list[dict]) -> dict:
             "pooled_coverage": pooled_coverage(forecasts),
             "machines": [{**{k: v for k, v in f.items() if k not in ("validation", "config")},
                           "validation": validation_rows([f])} for f in forecasts]}
+
+
+def write_prior(path=None, cfg: dict | None = None) -> dict:
+    """Regenerate the declared prior from the committed machines (`dpscale forecast --write-prior`)."""
+    rec = prior_record(cfg or settings(None))
+    write_json_atomic(path or PRIOR, rec)
+    _COMMITTED.clear()
+    return rec
 
 
 def write(path, forecasts: list[dict]) -> None:

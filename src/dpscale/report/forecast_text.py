@@ -138,6 +138,9 @@ def text(forecasts: list[dict]) -> str:
         lines.append(f"\n== {f['machine']}" + (f"\n  fabric files ({'given' if f['fabric_explicit'] else 'default'}): "
                                                f"{f['fabric_files']}" if f["fabric_files"] else ""))
         lines.append(verdict_text(f))
+        if pr := f.get("prior"):
+            lines.append(f"  band's prior: {pr['path']} (version {pr['version']}), {pr['rows']} rows of class "
+                         f"{pr['class']}, borrowed only where the machine has too few rows of its own")
         lines += [f"  refused past k=1: {why}" for why in f.get("refused", [])]
         lines += [f"  left out: {line}" for line in f.get("left_out", [])]
         for s in f["series"]:
