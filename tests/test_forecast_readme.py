@@ -43,3 +43,16 @@ def test_the_forecast_section_s_prose_copies_no_number():
         prose = re.sub(pattern, " ", prose)
     leftover = re.findall(r"[^\s]*\d[^\s]*", prose)
     assert not leftover, f"numbers in the Forecast section outside its generated block: {leftover}"
+
+
+def test_a_band_past_100_percent_says_why():
+    """`dpscale forecast` over the committed machines: every series whose band reaches past
+    100% efficiency says so, with the k's and why, and whether any point does."""
+    from dpscale.report import forecast as fcr, forecast_text as fct
+    from dpscale.report.machines import load_reference
+    m = load_reference(ROOT / "reference" / "h200x2")
+    f = fcr.of_machines([m], fcr.settings(None), fcr.default_fabric(fcr.settings(None)))[0]
+    for s in f["series"]:
+        over = [r["k"] for r in s["rows"] if any((r.get(f"{sc}_efficiency_hi") or 0) > 1 for sc in ("weak", "strong"))]
+        text = "\n".join(fct.series_text(s))
+        assert (f"bands past 100% at k = {', '.join(map(str, over))}: " in text) == bool(over), (s["series"], over)

@@ -77,6 +77,13 @@ def series_text(s: dict, winner: str = "model") -> list[str]:
            f"    {'k':>4} {'nodes':>5} {'point':<9} " + (f"{'weak ' + SHORT[lead]:<18} " if lead else "") +
            f"{'weak efficiency [band]':<24} {'measured':>8} {'ms/step':>7}  "
            f"{'strong efficiency [band]':<24} {'measured':>8} {'ms/step':>7}"]
+    over = [r["k"] for r in s["rows"] if any((r.get(f"{sc}_efficiency_hi") or 0) > 1 for sc in ("weak", "strong"))]
+    if over:   # a band past 100% says why
+        above = [r["k"] for r in s["rows"] if any((r.get(f"{sc}_efficiency") or 0) > 1 for sc in ("weak", "strong"))]
+        out.append(f"    bands past 100% at k = {', '.join(map(str, over))}: a band is where a measurement should "
+                   "fall, and one measurement's own noise reads above 100% as often as below; "
+                   + (f"points predicted above 100% at k = {', '.join(map(str, above))}" if above else
+                      "no point predicted is above 100%"))
     for r in s["rows"]:
         first = f"{_pc(r.get(f'weak_{lead}')):>17}% " if lead else ""
         out.append(f"    {r['k']:>4} {r['nodes']:>5} {r['point']:<9} {first}{_band(r, 'weak_efficiency'):<24} "
