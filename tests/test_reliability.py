@@ -155,6 +155,7 @@ def test_corrupted_cache_fails_the_job_naming_it(tiny_data, tmp_path):
 
 # ---------------------------------------------------------------- 4. ranks die or hang
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 @pytest.mark.parametrize("experiment", TORCHRUN_EXPERIMENTS)
 def test_rank_crash_fails_job_with_log(crashed_runs, experiment):
@@ -189,6 +190,7 @@ def hung_runs(tiny_data, tmp_path_factory):
         return dict(zip(TORCHRUN_EXPERIMENTS, pool.map(one, TORCHRUN_EXPERIMENTS))), root
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 @pytest.mark.parametrize("experiment", TORCHRUN_EXPERIMENTS)
 def test_rank_hang_is_recorded_within_limit(hung_runs, experiment):
@@ -247,6 +249,7 @@ def test_second_run_in_same_folder_is_refused(tmp_path):
         first.wait(timeout=60)
 
 
+@pytest.mark.slow
 def test_measurements_never_overlap(repo_after_smoke):
     """Measurement jobs each take measure=1 of the default profile's measure=1."""
     spans = []
@@ -287,6 +290,7 @@ def test_failed_write_keeps_previous_artifact(tmp_path, monkeypatch):
     assert [f.name for f in tmp_path.iterdir()] == ["r.json"]
 
 
+@pytest.mark.slow
 @pytest.mark.workflow
 def test_unwritable_results_folder_fails_clearly_and_keeps_artifact(repo_after_smoke):
     if os.system("chattr -V >/dev/null 2>&1") != 0 and os.system("command -v chattr >/dev/null") != 0:
@@ -322,3 +326,33 @@ def test_a_hung_reason_names_the_timeout_that_fired():
     assert "no rank's process-group timeout" in quiet
     alone = watchdog.hung_how(watchdog.Outcome(rc=1, elapsed=110.0, killed=None, stray=False), 180, True)
     assert alone.startswith("a rank's process-group timeout fired after 110.0 s")
+
+
+def test_a_lock_folder_on_a_full_disk_is_one_line_naming_it_and_locks_dir(tmp_path):
+    """locks.dir on a disk that filled: taking a device's lock cannot write who holds it.
+    The job gets a LockError naming the folder and locks.dir (the watchdog records it as a
+    failed attempt, and the workflow builds the report), never a raw OSError; no lock stays held."""
+    import subprocess as sp
+    from dpscale.run import devices
+    folder = tmp_path / "locks"
+    folder.mkdir()
+    if os.geteuid() != 0 or sp.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
+                                   capture_output=True).returncode:
+        pytest.skip("needs root and tmpfs to fill a disk of its own")
+    try:
+        devices.try_acquire(["cpu-0"], folder, "ddp_weak/seed/k1").release()   # the lock file exists, empty now
+        try:
+            with open(folder / "filler", "wb") as f:
+                while True:
+                    f.write(b"\0" * 4096)
+                    f.flush()
+        except OSError:
+            pass
+        with pytest.raises(devices.LockError) as e:
+            devices.try_acquire(["cpu-0", "cpu-1"], folder, "ddp_weak/seed/k2")
+        msg = str(e.value)
+        assert str(folder) in msg and "locks.dir" in msg and "No space left on device" in msg, msg
+        (folder / "filler").unlink()
+        devices.try_acquire(["cpu-0", "cpu-1"], folder, "ddp_weak/seed/k2").release()   # nothing stayed held
+    finally:
+        sp.run(["umount", "-l", str(folder)])

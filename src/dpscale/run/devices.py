@@ -144,8 +144,14 @@ def try_acquire(names: list[str], lock_dir: str | os.PathLike, job: str) -> Held
         fds.append(fd)
         me = {"pid": os.getpid(), "host": socket.gethostname(), "job": job, "cwd": os.getcwd(),
               "since": utc_now()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(me).encode(), 0)
+        try:   # who holds it, for the next job that waits: a full disk must not crash the job
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(me).encode(), 0)
+        except OSError as e:
+            Held(names, fds).release()
+            raise LockError(f"device lock {path}: {e.strerror} (the lock folder's disk: {d}); free space there, or "
+                            f"set locks.dir to a folder on another disk every user of this host can write "
+                            f"(default {DEFAULT_DIR})") from e
     return Held(sorted(names), fds)
 
 
