@@ -49,3 +49,14 @@ SCRIPTS = os.path.relpath(Path(workflow.basedir) / "scripts")
 os.environ.update(dsrun_caches.bytecode_env(CACHE["dir"], os.environ))
 # `resources: **MEASURE` in every measurement rule (dpscale.plan.jobs.resources)
 MEASURE = jobs.resources(RESOLVED["cluster"], FP, LOCKS, CACHE)
+
+
+def report_stamps(allowed_rules):
+    """The report's stamp inputs (dpscale.plan.replan): every result's attempt stamp and the
+    machine's, those a run may make (`--allowed-rules report` builds from what exists).
+    """
+    machine = layout.machine_stamp(dsfp.digest(FP))
+    can = (
+        not allowed_rules or "machine_stamp" in allowed_rules or os.path.exists(machine)
+    )
+    return REPLAN.stamps(allowed_rules) + ([machine] if can else [])

@@ -44,12 +44,16 @@ for _exp in registry.EXPERIMENTS.values():
 # an attempt failed or the planner found the result missing, damaged or stale.
 rule attempt_stamp:
     output:
-        layout.attempt_stamp(layout.result_path("{experiment}", "{variant}", "{k}"), "{n}"),
+        layout.attempt_stamp(
+            layout.result_path("{experiment}", "{variant}", "{k}"), "{n}"
+        ),
     log:
         f"{layout.LOGS}/attempts/{{experiment}}/{{variant}}/k{{k}}.attempt-{{n}}.log",
     wildcard_constraints:
         k=r"\d+",
         n=r"\d+",
     localrule: True
+    conda:
+        "../envs/report.yaml"
     shell:
         "touch {output:q} > {log:q} 2>&1"

@@ -34,14 +34,6 @@ REFERENCE_FILES = sorted(
 report: f"{PROSE}/snakemake_workflow.rst"
 
 
-def report_stamps(allowed_rules):
-    """The report's stamp inputs (dpscale.plan.replan): every result's attempt stamp and the
-    machine's, those a run may make (`--allowed-rules report` builds from what exists)."""
-    machine = layout.machine_stamp(dsfp.digest(FP))
-    can = not allowed_rules or "machine_stamp" in allowed_rules or os.path.exists(machine)
-    return REPLAN.stamps(allowed_rules) + ([machine] if can else [])
-
-
 # The machine the results were measured on, written by a rule rather than when the
 # workflow is parsed: a dry run writes nothing, and a new machine's fingerprint lands
 # only with the run that measures on it. Its input is a stamp named after the machine,
@@ -72,6 +64,8 @@ rule machine_stamp:
     wildcard_constraints:
         digest=r"[0-9a-f]+",
     localrule: True
+    conda:
+        "../envs/report.yaml"
     shell:
         "touch {output:q} > {log:q} 2>&1"
 
@@ -87,7 +81,11 @@ rule report:
         # result found missing, damaged, failed or stale is measured again without metadata
         stamps=lambda w: report_stamps(workflow.dag_settings.allowed_rules),
     output:
-        key=layout.report_key_path(REPLAN.report_key(specs.dumps(RESOLVED), provenance.report_digest(), dsfp.dumps(FP))),
+        key=layout.report_key_path(
+            REPLAN.report_key(
+                specs.dumps(RESOLVED), provenance.report_digest(), dsfp.dumps(FP)
+            )
+        ),
         html=report(
             f"{REPORT}/report.html",
             caption=f"{PROSE}/snakemake_report.rst",
