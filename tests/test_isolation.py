@@ -160,8 +160,13 @@ def test_locks_are_all_or_none_and_say_who_holds_them(tmp_path):
         devices.try_acquire(["cpu-0"], tmp_path / "cpu-0.lock" / "sub", "x")
 
 
-def test_busy_devices_make_the_job_wait_then_fail_naming_the_holder(tiny_data, tmp_path):
+def test_busy_devices_make_the_job_wait_then_fail_naming_the_holder(tiny_data, tmp_path, monkeypatch):
+    # the holder and the job in one run folder, whose path has a space (a clone in one)
+    run = tmp_path / "a run folder with space"
+    run.mkdir()
+    monkeypatch.chdir(run)
     held = devices.try_acquire(["cpu-0"], tmp_path / "locks", "ddp_weak/tuned/k1")
+    assert devices.holder(tmp_path / "locks" / "cpu-0.lock")["cwd"] == str(run)   # the lock says where
     spec = make_spec(tiny_data, "ddp_weak", 1, "cached")
     t0 = time.monotonic()
     rc, res, log = run_job(spec, tmp_path / "job", lock_dir=tmp_path / "locks", lock_wait_s=3)
@@ -170,7 +175,7 @@ def test_busy_devices_make_the_job_wait_then_fail_naming_the_holder(tiny_data, t
     assert rc == 0 and res["status"] == "failed", log
     assert elapsed >= 3
     # the holder's folder as a record names a path: "." when it runs in this run's folder
-    holder = f"cpu-0 held by pid {os.getpid()} (ddp_weak/tuned/k1 in {results.relative(os.getcwd())}, since "
+    holder = f"cpu-0 held by pid {os.getpid()} (ddp_weak/tuned/k1 in ., since "
     assert res["reason"].startswith(f"devices busy: {holder}"), res["reason"]
     assert "for more than 3 s" in res["reason"] and "locks.wait_s" in res["reason"]
     assert f"waiting up to 3 s for cpu-0 held by pid {os.getpid()}" in log

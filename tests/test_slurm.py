@@ -5,6 +5,8 @@ machine (.ci/slurm.sh), Snakemake's SLURM executor with profiles/slurm.
   into SLURM requests: gpu=k -> --gpus=k on one node; gres=gpu:G, nodes=N, tasks=N,
   mpi -> G GPUs on each of N nodes, the rule's own srun starting one task per node.
   (The node's GPUs are bookkeeping only: device files cloned from /dev/null.)
+  Started from a venv and a folder whose paths have a space (snakemake#2645: the
+  interpreter's path goes into the job command unquoted; profiles/slurm works round it).
 - test_pipeline_runs_through_slurm: the smoke pipeline (ddp_weak, k=1,2) to its report,
   on a copy of the repo whose data stage has run, every job an sbatch job.
 - test_multinode_jobs_span_two_nodes: with cluster.gpus_per_node=1 the k=2 jobs
@@ -14,6 +16,9 @@ Needs root, and apt-get or the packages already installed (Debian/Ubuntu:
 slurmctld slurmd slurm-client munge), and snakemake-executor-plugin-slurm.
 Without them the tests skip, saying why; with CI=true they fail instead.
 Daemons this module started are stopped by pid at the end (.ci/slurm.sh stop).
+Snakemake runs through tests/slurm_snakemake.py: the plugin's status polling capped at
+2 s (its back-off of 10 s more a query is not a setting), so a job is seen done ~2 s
+after it ends, not up to 30 s.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 SLURM_SH = REPO / ".ci" / "slurm.sh"
 CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 PIPELINE_TIMEOUT_S = 1200
-SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (\S+)\)")
+SUBMITTED = re.compile(r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: (.+?)\)\.?$", re.M)   # a log path may hold spaces
 
 pytestmark = [pytest.mark.slow, pytest.mark.workflow, pytest.mark.timeout(1800)]
 
@@ -46,13 +51,24 @@ def unavailable(reason: str):
     pytest.skip(reason)
 
 
-def clean_env() -> dict:
+def clean_env(python: str = sys.executable) -> dict:
     """This interpreter's environment, its bin folder first on PATH (the jobs'
     `python` and `torchrun`), without variables of an enclosing SLURM job."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "")])
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def python_under_a_space(folder: Path) -> str:
+    """This interpreter as a user whose venv's path has a space starts it: through a
+    link `folder/venv with space` to the venv (its pyvenv.cfg makes it the same
+    environment). Outside a venv (nothing to link), this interpreter itself."""
+    if sys.prefix == sys.base_prefix or " " in sys.executable:
+        return sys.executable
+    link = folder / "venv with space"
+    link.symlink_to(sys.prefix, target_is_directory=True)
+    return str(link / "bin" / Path(sys.executable).name)
 
 
 def daemons_alive(pids_file: Path) -> bool:
@@ -118,16 +134,18 @@ def squeue_rows(job_ids: list[str]) -> dict:
     return rows
 
 
-def snakemake(workdir: Path, args: list[str], slurm: dict, timeout: int = PIPELINE_TIMEOUT_S):
-    """Run snakemake with the SLURM executor in workdir; kill its process group and
-    cancel its jobs on timeout. Returns (returncode, output, {slurm job id: log})."""
-    cmd = [sys.executable, "-m", "snakemake", "--profile", str(REPO / "profiles" / "slurm"),
+def snakemake(workdir: Path, args: list[str], slurm: dict, timeout: int = PIPELINE_TIMEOUT_S,
+              python: str = sys.executable):
+    """Run snakemake with the SLURM executor in workdir (through slurm_snakemake.py: the
+    plugin's status polling capped); kill its process group and cancel its jobs on
+    timeout. Returns (returncode, output, {slurm job id: log})."""
+    cmd = [python, str(REPO / "tests" / "slurm_snakemake.py"), "--profile", str(REPO / "profiles" / "slurm"),
            # no accounting database here: no account, and squeue instead of sacct
            "--slurm-no-account", "--slurm-status-command", "squeue",
            "--slurm-init-seconds-before-status-checks", "1", *args]
     log = workdir / "snakemake.out"
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, cwd=workdir, env=clean_env(), stdout=f,
+        proc = subprocess.Popen(cmd, cwd=workdir, env=clean_env(python), stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = proc.wait(timeout=timeout)
@@ -198,9 +216,13 @@ rule allreduce:
 
 
 def test_gpu_requests_reach_slurm(slurm, tmp_path):
-    (tmp_path / "Snakefile").write_text(GPU_SNAKEFILE)
-    rc, out, submitted = snakemake(tmp_path, ["--verbose"], slurm, timeout=300)
+    work = tmp_path / "a folder with space"   # and the venv too: snakemake#2645
+    work.mkdir()
+    (work / "Snakefile").write_text(GPU_SNAKEFILE)
+    python = python_under_a_space(tmp_path)
+    rc, out, submitted = snakemake(work, ["--verbose"], slurm, timeout=300, python=python)
     assert rc == 0, out[-6000:]
+    assert "-m snakemake" in out and f"{python} -m snakemake" not in out, out[-3000:]   # PATH's python
     assert len(submitted) == 2, out[-3000:]
     calls = {m.group(1): m.group(0).split(" --wrap=")[0]
              for m in re.finditer(r"sbatch call: sbatch .*?--comment (rule_\w+).*", out)}
@@ -211,7 +233,7 @@ def test_gpu_requests_reach_slurm(slurm, tmp_path):
         assert flag in two_call, (flag, two_call)
     assert "--gpus=" not in two_call and "--ntasks-per-gpu" not in two_call, two_call
 
-    one = (tmp_path / "one_node.txt").read_text()
+    one = (work / "one_node.txt").read_text()
     assert "CUDA_VISIBLE_DEVICES=0,1" in one, one          # --gpus=2: both GPUs of the node
     assert re.search(r"TresPerJob=gres:gpu:2\b", one), one
     assert re.search(r"NumNodes=1\b", one), one
@@ -220,7 +242,7 @@ def test_gpu_requests_reach_slurm(slurm, tmp_path):
     assert re.search(r"MinMemoryCPU=4000M\b", one), one
     assert re.search(r"OverSubscribe=NO\b", one), one
 
-    two = (tmp_path / "two_nodes.txt").read_text()
+    two = (work / "two_nodes.txt").read_text()
     assert re.search(r"^0: node=node\d CUDA_VISIBLE_DEVICES=0$", two, re.M), two
     assert re.search(r"^1: node=node\d CUDA_VISIBLE_DEVICES=0$", two, re.M), two
     assert len(set(re.findall(r"^\d: node=(node\d)", two, re.M))) == 2, two   # two different nodes

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from dpscale.plan import specs
 from dpscale.plan.config import DEFAULT_LOCK_DIR
-from dpscale.results import utc_now
+from dpscale.results import relative, utc_now
 
 DEFAULT_DIR = DEFAULT_LOCK_DIR
 CPU_BACKENDS = ("gloo", "xla-cpu")
@@ -88,10 +88,13 @@ def holder(path: str | os.PathLike) -> dict | None:
 
 
 def describe(name: str, info: dict | None) -> str:
-    """'gpu-0 held by pid 1234 (ddp_weak/tuned/k1 in /path, since ...)'."""
+    """'gpu-0 held by pid 1234 (ddp_weak/tuned/k1 in ../other-run, since ...)': the
+    holder's folder as a record names a path (results.relative: "." for this run's
+    folder), here rather than by results.portable afterwards, which finds a path in
+    text only up to its first space."""
     if not info:
         return f"{name} held by a process that has not said who it is"
-    where = f"{info.get('job', '?')} in {info.get('cwd', '?')}"
+    where = f"{info.get('job', '?')} in {relative(info['cwd']) if info.get('cwd') else '?'}"
     if info.get("host") and info["host"] != socket.gethostname():
         where += f" on {info['host']}"
     gone = "" if _alive(info.get("pid")) else "; that pid is gone, its workers still hold the lock"
