@@ -63,7 +63,7 @@ def free_port() -> int:
 # the order below, not xdist's default of most tests first: the costliest tiers first
 # (a real SLURM, the smoke pipelines, then the multi-process ones), each module's own
 # order kept, so the minutes-long ones start at once on both workers and the second-long
-# ones fill in at the end. Without xdist (a GPU image's own pytest) the hook is unused.
+# ones fill in at the end. Without xdist (a GPU image's own pytest) the order is unused.
 TIERS = ("slow", "workflow", "multiproc")
 
 

@@ -182,6 +182,7 @@ def test_stamp_and_cost_fields_are_pure():
 
 # ---------------------------------------------------------------- real workers
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_a_gloo_ddp_weak_job_records_each_launchs_start(tiny_data, tmp_path):
     spec = make_spec(tiny_data, "ddp_weak", 2, "cached", proto={"launches": 2, "train_images": 32, "repeats": 1})
@@ -216,6 +217,7 @@ def jax_two_launches(tiny_data, tmp_path_factory):
     return spec, r, tmp / "cache"
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_a_second_jax_launch_loads_what_the_first_compiled(jax_two_launches):
     """Not a timing on a shared CPU: the cache's own counts. Launch 1 writes every program
@@ -261,6 +263,7 @@ json.dump({"experiment": "ddp_weak", "variant": "tuned", "k": 1, "status": "ok",
 """
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_a_second_torch_compile_launch_hits_inductors_cache(tmp_path, monkeypatch):
     """torch.compile on the CPU (inductor's C++ backend): launch 1 misses the FX graph
@@ -294,6 +297,7 @@ def test_cache_dir_resolves_to_one_absolute_folder(tmp_path, monkeypatch):
     assert config.resolve_cache({"cache": {"dir": "/scratch/c"}}, {}) == {"dir": "/scratch/c"}
 
 
+@pytest.mark.slow
 @pytest.mark.workflow
 def test_moving_the_cache_reruns_nothing_and_reaches_the_watchdog(primed, tmp_path):
     """cache.dir is a resource, as locks.dir is: a job that ran with one cache folder is

@@ -91,6 +91,7 @@ def test_gpu_backend_without_gpus_fails_loudly(tiny_data, tmp_path):
     pytest.param(2, "device", None, marks=pytest.mark.multiproc),
     pytest.param(2, "tuned", 3, marks=pytest.mark.multiproc),   # bf16 + donated jax.jit state
 ])
+@pytest.mark.slow
 def test_weak(tiny_data, tmp_path, k, variant, warm):
     m = run_ok(tiny_data, tmp_path, "jax_weak", k, variant, proto={"warmup_steps": warm})
     b, warmup, repeats = PROTO["per_rank_batch"], TINY["epochs"] - 1, TINY["repeats"]
@@ -127,6 +128,7 @@ def test_mfu_refuses_a_count_for_another_image_size(tiny_data, tmp_path):
     assert m["mfu"] == pytest.approx(m["flops_per_sample"] * 1000.0 / 2e15)
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_hlo_counts_the_gradient_allreduce(tiny_data, tmp_path):
     m = run_ok(tiny_data, tmp_path, "jax_hlo", 2)
@@ -142,6 +144,7 @@ def test_hlo_counts_the_gradient_allreduce(tiny_data, tmp_path):
     assert "\x1b[" not in m["sharding_batch_txt"]
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_equality_passes_and_flags_summed_gradients(tiny_data, tmp_path):
     m = run_ok(tiny_data, tmp_path, "jax_equality", 2)

@@ -90,6 +90,7 @@ def torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args]
 
 
+@pytest.mark.slow
 def test_torch_two_nodes_match_one_node(tmp_path):
     torch = pytest.importorskip("torch")
     one = tmp_path / "one_node.pt"
@@ -113,6 +114,7 @@ def test_torch_two_nodes_match_one_node(tmp_path):
     assert diffs[worst] < TOL, f"two nodes differ from one node: {worst} by {diffs[worst]:.3g}"
 
 
+@pytest.mark.slow
 def test_jax_two_processes_match_one_process(tmp_path):
     np = pytest.importorskip("numpy")
     pytest.importorskip("jax")

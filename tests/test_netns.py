@@ -191,6 +191,7 @@ def test_node_commands_are_the_multinode_launch_per_namespace(tiny_data):
     assert "RANK" not in env and "SLURM_JOB_ID" not in env
 
 
+@pytest.mark.slow
 def test_allreduce_sweep_across_the_link_is_right_and_runs_at_the_link_rate(tiny_data, tmp_path):
     spec = two_node_spec(tiny_data, proto={"allreduce_MiB": [0.25, 2], "allreduce_iters": 5})
     with nodes_or_skip("200mbit") as n:
@@ -227,6 +228,7 @@ def _rank_pid(nodes: netns.TwoNodes, rank: int, deadline: float) -> tuple[int, l
     raise AssertionError(f"no rank {rank} process appeared")
 
 
+@pytest.mark.slow
 def test_a_sigkilled_rank_leaves_no_process_and_no_namespace(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setenv("DPSCALE_FAULT", "hang:rank=1:at=init")   # both ranks up, then rank 1 waits forever
     spec = two_node_spec(tiny_data, limit_s=90)

@@ -21,7 +21,7 @@ from conftest import SMALL, SNAKEMAKE, copy_primed, job_counts, local_env, smk, 
 
 from dpscale import results
 
-pytestmark = pytest.mark.workflow
+pytestmark = [pytest.mark.workflow, pytest.mark.slow]   # a smoke run, then a run or rerun a test
 
 CFG = ["--config", *SMALL, "ks=[1,2]", "experiments=[ddp_weak]", "forecast={bootstrap_draws: 20}"]
 TARGETS = [f"results/runs/ddp_weak/{v}/k{k}.json" for v in ("seed", "cached") for k in (1, 2)]

@@ -44,6 +44,7 @@ def test_loss_check_reads_differences_against_the_first_loss():
     assert not tuned_probe.loss_check([2.3, 2.0], [2.3, 3.0])["loss_ok"]
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_probe_runs_end_to_end_at_smoke_size(tmp_path):
     cmd = [sys.executable, str(ROOT / "tools/lab/probe_roofline.py"), "--smoke", "--out", str(tmp_path),

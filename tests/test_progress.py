@@ -33,6 +33,7 @@ def test_the_plugin_is_a_dependency_and_on_the_gpu_wheel_list():
     assert any(ln.startswith("snakemake-logger-plugin-rich==") for ln in wheels)
 
 
+@pytest.mark.slow
 @pytest.mark.workflow
 @pytest.mark.skipif(not HAS_RICH, reason="snakemake-logger-plugin-rich is not installed (pip install -e .)")
 def test_the_rich_logger_runs_this_workflow(tmp_path):

@@ -115,6 +115,7 @@ def test_announce_prints_after_everything_else(tmp_path):
     assert p.stderr.splitlines()[-2:] == ["snakemake says goodbye", "THE ANSWER"]
 
 
+@pytest.mark.slow
 @pytest.mark.workflow
 def test_a_smoke_run_ends_with_the_answer(primed, tmp_path):
     """The last lines of `snakemake ... report`: after Snakemake's own, the answer (the

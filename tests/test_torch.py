@@ -34,6 +34,7 @@ def ok(res):
 @pytest.mark.parametrize("experiment, variant, k, warm", [
     ("ddp_weak", "seed", 1, None), ("ddp_weak", "cached", 2, 3), ("ddp_strong", "cached", 1, None),
     ("ddp_strong", "seed", 2, 20)])
+@pytest.mark.slow
 def test_ddp_throughput(tiny_data, tmp_path, experiment, variant, k, warm):
     rc, res, log = run_job(make_spec(tiny_data, experiment, k, variant, proto={"warmup_steps": warm}), tmp_path)
     assert rc == 0, log
@@ -94,6 +95,7 @@ def test_throughput_is_the_slowest_ranks_and_a_straggler_is_flagged():
     assert m["samples_per_s_ci95"] == [iv["ci_lo"], iv["ci_hi"]] and m["samples_per_s_median"] == iv["median"]
 
 
+@pytest.mark.slow
 def test_tuned_variant_runs_on_cpu_without_compile(tiny_data, tmp_path):
     spec = make_spec(tiny_data, "ddp_weak", 2, "tuned")
     spec["config"]["tuned"] = dict(spec["config"]["tuned"], compile=False)   # inductor on 2 CPU cores takes minutes
@@ -135,6 +137,7 @@ def test_tuned_ddp_compiles_the_model_as_one_graph(monkeypatch):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2])
 def test_fsdp_shards_state(tiny_data, tmp_path, k):
     rc, res, log = run_job(make_spec(tiny_data, "fsdp", k), tmp_path)
@@ -163,6 +166,7 @@ DELAY_MS, EVERY, PAIRS = 200.0, 3, 30
 TOL_MS = 50.0
 
 
+@pytest.mark.slow
 def test_allreduce_and_probe_k2(tiny_data, tmp_path):
     rc, res, log = run_job(make_spec(tiny_data, "allreduce", 2), tmp_path / "ar")
     assert rc == 0, log
@@ -214,12 +218,14 @@ def test_allreduce_and_probe_k2(tiny_data, tmp_path):
     assert lo > 0, f"the delay's interval [{lo:.1f}, {hi:.1f}] ms does not exclude 0"
 
 
+@pytest.mark.slow
 def test_allreduce_k1_is_trivially_correct(tiny_data, tmp_path):
     rc, res, log = run_job(make_spec(tiny_data, "allreduce", 1), tmp_path)
     assert rc == 0, log
     assert ok(res)["correct"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("placement", ["out_of_place", "in_place"])
 def test_allreduce_wrong_sum_is_caught(tiny_data, tmp_path, placement):
     rc, res, log = run_job(make_spec(tiny_data, "allreduce", 2), tmp_path, fault=f"wrong_sum:rank=1:at={placement}")
@@ -231,6 +237,7 @@ def test_allreduce_wrong_sum_is_caught(tiny_data, tmp_path, placement):
         assert [r["wrong"] for r in rows] == ([2, 2] if side == placement else [0, 0])
 
 
+@pytest.mark.slow
 def test_bucket_sweep_k2(tiny_data, tmp_path):
     rc, res, log = run_job(make_spec(tiny_data, "ddp_bucket_sweep", 2), tmp_path)
     assert rc == 0, log
@@ -256,6 +263,7 @@ def test_k_above_devices_is_skipped(tiny_data, tmp_path):
     assert res["code"]["sources_sha256"] and "dpscale.measure.torch_ddp" in res["code"]["sources"]   # every record names its code
 
 
+@pytest.mark.slow
 def test_crashed_rank_is_recorded_failed_and_keeps_log(crashed_runs):
     rc, res, log = crashed_runs["ddp_weak"]   # cached, k=2: test_reliability.py's run, when it ran
     assert rc == 0 and res["status"] == "failed" and res["metrics"] == {}   # no number, a reason
@@ -277,6 +285,7 @@ def _pids_of(marker: str) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 def test_hung_collective_is_recorded_within_limit(tiny_data, tmp_path):
     limit = 8
     spec = make_spec(tiny_data, "allreduce", 2, limit_s=limit)

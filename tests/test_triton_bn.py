@@ -23,6 +23,7 @@ runs_kernels = pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRETED)
                                   reason="needs a GPU, or TRITON_INTERPRET=1 from the start")
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 @pytest.mark.skipif(torch.cuda.is_available() or INTERPRETED, reason="the kernel tests run in this process")
 def test_in_the_interpreter():

@@ -118,6 +118,7 @@ def _max_diff(a, b):
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_emulated_k2_step_equals_real_ddp_and_mutations_fail(real_k2):
     """The book's step: both shards in one process (m = 2) against two DDP ranks."""
@@ -139,6 +140,7 @@ def test_emulated_k2_step_equals_real_ddp_and_mutations_fail(real_k2):
         assert _max_diff(real_k2["plain"], _emulated(mutant)) > 1e-3, mutant.__name__
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_the_tuned_step_emulated_equals_it_under_real_ddp_and_mutations_fail(real_k2):
     """The step a GPU runs, less compile and the CUDA graph (tuned_model's transformations,
@@ -152,6 +154,7 @@ def test_the_tuned_step_emulated_equals_it_under_real_ddp_and_mutations_fail(rea
         assert _max_diff(real, real_k2[mutant]) > 1e-3, mutant
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_the_tuned_step_trains_as_the_books_step(real_k2):
     """Real k=2 DDP: the tuned step ends where the book's step ends. Its model dropped
@@ -173,6 +176,7 @@ def test_the_tuned_step_trains_as_the_books_step(real_k2):
     assert max(diffs) < TOL
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 @pytest.mark.parametrize("case", ["w2m1", "w2m2", "w1m2"])
 def test_the_noise_probe_in_the_tuned_step_equals_a_direct_computation(real_k2, case):
@@ -188,6 +192,7 @@ def test_the_noise_probe_in_the_tuned_step_equals_a_direct_computation(real_k2, 
     assert tr > 0
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_the_noise_probe_changes_no_parameter_bit(real_k2):
     """float32, with the probe and without: w2m2 reads the hooks (the synchronising backward)
@@ -295,6 +300,7 @@ TTA_TINY = {"tta_image_size": 16, "tta_train_images": 64, "tta_test_images": 32,
             "tta_warmup_epochs": 0.5, "tta_ks_emulated": [], "tta_timeout_s": 120}
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 @pytest.mark.parametrize("k,variant", [(1, "book"), (2, "linear"), (4, "book"), (1, "book_fp32")])
 def test_tta_worker_scores_its_seeds(tiny_data, tmp_path, k, variant):
@@ -477,6 +483,7 @@ def test_a_protocol_evaluation_charges_one_ranks_shard_and_the_instrument_charge
     assert q["seconds"] - clock_before < 0.02 < per_image * n
 
 
+@pytest.mark.slow
 @pytest.mark.multiproc
 def test_an_emulated_job_charges_its_sharded_protocol_evaluations_and_not_the_instruments(tiny_data, tmp_path):
     """k=4 emulated on 2 gloo processes (2 ranks each), a target no network reaches, one

@@ -109,6 +109,7 @@ def test_mutation_dropping_biases_without_the_running_mean_fold_breaks_eval_mode
     assert not torch.allclose(other(x), base(x), **TOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["stem_direct", "all"])   # "all" holds the other three
 def test_transform_compiles_and_keeps_channels_last(name):
     """torch.compile (aot_eager: dynamo and autograd tracing, no code generation) of the

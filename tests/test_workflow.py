@@ -52,6 +52,7 @@ def planned_results(out: str) -> set[str]:
             if f.startswith("results/runs/")}
 
 
+@pytest.mark.slow
 def test_smoke_run_elsewhere_reruns_and_additions(repo, tmp_path):
     work, a = tmp_path / "run", write_hw(tmp_path, "machine_a")
     cfg = ["--config", "scale=smoke", "ks=[1,4]", f"hardware_file={a}", *FAST]
