@@ -270,3 +270,21 @@ def write_hw(folder: Path, name: str, **over) -> str:
     p = folder / f"{name}.json"
     p.write_text(json.dumps({**CPU_FP, **over}))
     return str(p)
+
+
+def mount_tmpfs(folder: Path, size: str) -> bool:
+    """A disk of its own at folder (root only): False where it cannot be mounted."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                                                 str(folder)], capture_output=True).returncode == 0
+
+
+def fill_disk(folder: Path) -> None:
+    """Take every byte left on folder's disk (folder/filler)."""
+    try:
+        with open(folder / "filler", "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+                f.flush()
+    except OSError:
+        pass

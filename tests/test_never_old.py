@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SMALL, SNAKEMAKE, copy_primed, job_counts, local_env, smk, write_hw
+from conftest import SMALL, SNAKEMAKE, copy_primed, fill_disk, job_counts, local_env, mount_tmpfs, smk, write_hw
 
 from dpscale import results
 
@@ -272,29 +272,17 @@ def test_results_of_another_version_copied_into_a_fresh_clone_are_taken_or_measu
         assert "Nothing to be done" in again.stdout + again.stderr, closing_lines(again)
 
 
-def _tmpfs(folder: Path, size: str) -> bool:
-    folder.mkdir(parents=True, exist_ok=True)
-    return os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
-                                                 str(folder)], capture_output=True).returncode == 0
-
-
 def test_the_disk_filling_during_a_forced_rerun_leaves_no_old_number_in_the_closing_lines(done, tmp_path):
     repo, cfg = copy_done(done, tmp_path / "repo")
     runs = repo / "results/runs"
     saved = tmp_path / "runs"
     shutil.copytree(runs, saved)
     shutil.rmtree(runs)
-    if not _tmpfs(runs, "1m"):
+    if not mount_tmpfs(runs, "1m"):
         pytest.skip("needs root and tmpfs to fill a disk of its own (mount -t tmpfs)")
     try:
         shutil.copytree(saved, runs, dirs_exist_ok=True)
-        try:   # the disk is full: every byte taken
-            with open(runs / "filler", "wb") as f:
-                while True:
-                    f.write(b"\0" * 4096)
-                    f.flush()
-        except OSError:
-            pass
+        fill_disk(runs)
         p = smk(repo, "--cores", "1", "report", *cfg, "--forcerun", "ddp_weak", check=False)
         end = closing_lines(p)
         assert "every planned measurement left a number" not in end and "samples/s" not in end, end

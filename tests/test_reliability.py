@@ -333,21 +333,14 @@ def test_a_lock_folder_on_a_full_disk_is_one_line_naming_it_and_locks_dir(tmp_pa
     The job gets a LockError naming the folder and locks.dir (the watchdog records it as a
     failed attempt, and the workflow builds the report), never a raw OSError; no lock stays held."""
     import subprocess as sp
+    from conftest import fill_disk, mount_tmpfs
     from dpscale.run import devices
     folder = tmp_path / "locks"
-    folder.mkdir()
-    if os.geteuid() != 0 or sp.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
-                                   capture_output=True).returncode:
+    if not mount_tmpfs(folder, "64k"):
         pytest.skip("needs root and tmpfs to fill a disk of its own")
     try:
         devices.try_acquire(["cpu-0"], folder, "ddp_weak/seed/k1").release()   # the lock file exists, empty now
-        try:
-            with open(folder / "filler", "wb") as f:
-                while True:
-                    f.write(b"\0" * 4096)
-                    f.flush()
-        except OSError:
-            pass
+        fill_disk(folder)
         with pytest.raises(devices.LockError) as e:
             devices.try_acquire(["cpu-0", "cpu-1"], folder, "ddp_weak/seed/k2")
         msg = str(e.value)
