@@ -97,7 +97,10 @@ def per_size(tiers: fabric_file.Tiers, small: fabric_file.Sweep, large: fabric_f
             out.append({"bytes": r.bytes, "predicted_s": t, "measured_s": r.time_s,
                         "predicted_busbw_GBps": busbw_GBps(r.bytes, t, large.ranks),
                         "measured_busbw_GBps": measured,
-                        "error_pct": 100 * (t / r.time_s - 1),
+                        # busbw's error, as the naive predictor's and the case's: a time
+                        # error (t / measured - 1) would count a model at half the busbw
+                        # as +100% and the naive one at half as -50%
+                        "error_pct": 100 * (r.time_s / t - 1),
                         "naive_busbw_GBps": naive,
                         "naive_error_pct": 100 * (naive / measured - 1) if naive else None})
     return out
