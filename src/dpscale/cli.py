@@ -175,10 +175,11 @@ def add_forecast_parser(sub) -> None:
     f.add_argument("--write-prior", action="store_true",
                    help="regenerate the band's declared prior, reference/forecast-prior.json, from the committed "
                         "machines (their out-of-sample errors, each with its hardware class), and stop")
-    f.add_argument("--markdown", choices=("summary", "validation"), default=None,
+    f.add_argument("--markdown", choices=("summary", "validation", "fabric"), default=None,
                    help="instead of the text, print a page's block (`dpscale docs` fills README.md and "
                         "docs/forecast.md with them): summary, the per-machine table and the fabric check's figures "
-                        "(of --fabric-check DIR, default reference/fabrics/nccl-tests); validation, every row")
+                        "(of --fabric-check DIR, default reference/fabrics/nccl-tests); validation, every row; "
+                        "fabric, docs/fabric-check.md's cases, every payload of each")
     for key, kind, what in (("gpus_per_node", int, "devices per node"), ("max_nodes", int, "most nodes"),
                             ("knee_efficiency", float, "efficiency threshold of the knee"),
                             ("bootstrap_draws", int, "bootstrap draws of the band")):
@@ -194,6 +195,9 @@ def forecast(a) -> int:
         rec = fcr.write_prior()
         print(f"wrote {fcr.PRIOR}: {len(rec['rows'])} rows; classes "
               + "; ".join(f"{c}: {', '.join(ms) or 'none'}" for c, ms in rec["classes"].items()))
+        return 0
+    if a.markdown == "fabric":
+        print(fct.fabric_markdown(a.fabric_check or ROOT / "reference" / "fabrics" / "nccl-tests"), end="")
         return 0
     if a.fabric_check and not a.markdown:
         print(fct.fabric_check_text(a.fabric_check, json_path=a.json))

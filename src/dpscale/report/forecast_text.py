@@ -211,6 +211,73 @@ def fabric_check_text(folder, json_path=None) -> str:
     return "\n".join(lines)
 
 
+def _size(b: int) -> str:
+    for unit, n in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= n:
+            return f"{b / n:g} {unit}"
+    return f"{b} B"
+
+
+def fabric_markdown(folder) -> str:
+    """`dpscale forecast --fabric-check DIR --markdown fabric`: docs/fabric-check.md's block,
+    every case as fabric_check_text computes it: the case table and its summary, the
+    node-count cases with both predictors (the better first), and every payload of every case."""
+    res = fabric_check(folder)
+    lv = f"{100 * res['level']:.0f}%"
+    cases = list(enumerate(res["cases"], 1))
+    name = lambda i, r: f"{i}{' (held out)' if r['held_out'] else ''}"  # noqa: E731
+    out = ["### Every case", "",
+           f"| case | cluster | from (smaller) | to (larger) | payload | measured busbw, GB/s | predicted [{lv} band] "
+           "| band width (hi/lo) | error | inside | naive: smaller's busbw (error) |",
+           "|---|---|---|---|---:|---:|---:|---:|---:|:---:|---:|"]
+    for i, r in cases:
+        band = (f"[{r['band_lo']:.1f}, {r['band_hi']:.1f}] | x{r['band_width']:.1f}"
+                f"{' (cut at the NICs)' if r['band_bounded'] else ''}") if r["band_lo"] is not None else "[no band] | -"
+        naive = f"{r['naive_busbw_GBps']:.1f} ({r['naive_error_pct']:+.1f}%)" if r["naive_busbw_GBps"] else "-"
+        out.append(f"| {name(i, r)} | {r['cluster']} | `{r['small']}`, {r['small_layout']} | `{r['large']}`, "
+                   f"{r['large_layout']} | {_size(r['bytes'])} | {r['measured_busbw_GBps']:.1f} | "
+                   f"{r['predicted_busbw_GBps']:.1f} {band} | {r['error_pct']:+.1f}% | "
+                   f"{'yes' if r['inside'] else 'no'} | {naive} |")
+    s, h = res["summary"]["checked"], res["summary"]["held_out"]
+    out += ["", f"Over the {s['cases']} cases ({s['clusters']} clusters): mean |error| of the model "
+            f"{s['model_mean_abs_pct']:.1f}%, of the naive busbw {s['naive_mean_abs_pct']:.1f}%; {s['inside']} of "
+            f"{s['banded']} inside their band. Over the {h['cases']} held-out cases: model "
+            f"{h['model_mean_abs_pct']:.1f}%, naive {h['naive_mean_abs_pct']:.1f}%; {h['inside']} of {h['banded']} "
+            f"inside. Band widths (hi/lo): x{s['band_width_median']:.1f} median, x{s['band_width_max']:.1f} at most "
+            "(checked cases).", "",
+            "### The node-count cases, both predictors per case", "",
+            "A node-count case is one cluster's output at N nodes predicting the same nodes at M > N. In each "
+            "cell the predictor with the smaller error comes first: the naive constant busbw wherever it wins. "
+            "Both errors are of busbw (predicted / measured - 1).", "",
+            "| case | from -> to | smaller scale read as | largest payload: error | every payload: mean abs error |",
+            "|---|---|---|---|---|"]
+    nodes = [(i, r) for i, r in cases if r["kind"] == "nodes"]
+    for j, (i, r) in enumerate(nodes, 1):
+        first = "naive" if abs(r["naive_error_pct"]) < abs(r["error_pct"]) else "model"
+        out.append(f"| n{j} | case {name(i, r)}: {r['small_layout']} -> {r['large_layout']} | NCCL's {r['algo'] or '?'}: "
+                   f"{r['algo_why']}{'; ' + r['columns'] if r['columns'] else ''} | "
+                   f"{_pair(first, r['error_pct'], r['naive_error_pct'], '{:+.1f}%')} | "
+                   f"{_pair(r['first'], r['model_mean_abs_pct'], r['naive_mean_abs_pct'])} over {r['payloads']} |")
+    n = res["summary"]["nodes"]
+    if n["cases"]:
+        out += ["", f"Over the {n['cases']} node-count cases of {n['clusters']} clusters: mean |error| at the largest "
+                f"payload {_pair(n['first'], n['model_mean_abs_pct'], n['naive_mean_abs_pct'])}; over every payload "
+                + _pair("naive" if n["naive_payload_mean_abs_pct"] < n["model_payload_mean_abs_pct"] else "model",
+                        n["model_payload_mean_abs_pct"], n["naive_payload_mean_abs_pct"]) + "."]
+    out += ["", "### Every payload of every case"]
+    for i, r in cases:
+        out += ["", f"Case {name(i, r)}: `{r['small']}` -> `{r['large']}`; misfit {r['misfit']:.2f} (log) from "
+                f"{r['misfit_cases']} cases; tiers: {r['tiers']}", "",
+                "| payload | measured time, us | predicted, us | error of busbw | measured busbw | predicted busbw "
+                "| naive busbw (error) |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        for x in r["rows"]:
+            naive = f"{x['naive_busbw_GBps']:.2f} ({x['naive_error_pct']:+.1f}%)" if x["naive_busbw_GBps"] else "-"
+            out.append(f"| {_size(x['bytes'])} | {1e6 * x['measured_s']:.1f} | {1e6 * x['predicted_s']:.1f} | "
+                       f"{x['error_pct']:+.1f}% | {x['measured_busbw_GBps']:.2f} | {x['predicted_busbw_GBps']:.2f} | "
+                       f"{naive} |")
+    return "\n".join(out) + "\n"
+
+
 # ---------------------------------------------------------------- `dpscale forecast`: time to accuracy
 
 def _tta_row(r: dict, t: dict | None, n: int) -> str:
