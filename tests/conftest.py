@@ -231,9 +231,23 @@ def primed(tmp_path_factory) -> Path:
     return repo
 
 
-def copy_primed(primed: Path, dest: Path) -> Path:
-    """`primed` (the fixture) copied to dest, Snakemake's records and file times kept."""
-    shutil.copytree(primed, dest, symlinks=True, dirs_exist_ok=True)
+def copy_primed(primed: Path, dest: Path, machines: bool = True) -> Path:
+    """`primed` (the fixture) copied to dest, Snakemake's records and file times kept.
+
+    machines=False leaves out the kept machines under reference/ (h200, h200x2, the
+    stand-ins; the public tables, the fabric files and the forecast's prior stay): the
+    report then draws this run and the book, and takes a third of the CPU (42 -> 13 s on
+    the 2-core machine, docs/measurements/test-loop_2026-12-06.md). For the tests whose
+    subject is the workflow's faults and plans, not the comparison; those that read
+    another machine's numbers (test_summary, test_workflow, test_report) keep them."""
+    from dpscale import layout
+    root = Path(primed) / "reference"
+
+    def ignore(folder, names):
+        if machines or Path(folder) != root:
+            return []
+        return [n for n in names if layout.is_kept(root / n)]
+    shutil.copytree(primed, dest, symlinks=True, dirs_exist_ok=True, ignore=ignore)
     return dest
 
 

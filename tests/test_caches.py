@@ -303,7 +303,7 @@ def test_moving_the_cache_reruns_nothing_and_reaches_the_watchdog(primed, tmp_pa
     """cache.dir is a resource, as locks.dir is: a job that ran with one cache folder is
     up to date with another, and the watchdog's command line carries the new one."""
     from conftest import SMALL, copy_primed, job_counts, smk
-    repo = copy_primed(primed, tmp_path / "repo")
+    repo = copy_primed(primed, tmp_path / "repo", machines=False)
     target = "results/runs/ddp_weak/cached/k1.json"
     cfg = ["--config", *SMALL, "ks=[1]", "experiments=[ddp_weak]", f"locks={{dir: {tmp_path / 'locks'}}}"]
     smk(repo, "--cores", "2", target, *cfg, f"cache={{dir: {tmp_path / 'a'}}}")

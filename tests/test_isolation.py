@@ -350,7 +350,7 @@ def test_kill9_of_snakemake_main_alone_leaves_no_process(primed, tmp_path):
     lived on, re-parented to init, until the watchdog's limit. A smoke job ends by
     itself in ~10 s, so here the first run's ranks wait at init (a hang fault): what
     is alive 15 s after the kill was left alive by the kill, not still finishing."""
-    repo = copy_primed(primed, tmp_path / "repo")
+    repo = copy_primed(primed, tmp_path / "repo", machines=False)
     cfg = workflow_config(tmp_path)
     env = local_env(DPSCALE_FAULT="hang:rank=0:at=init")
     with open(tmp_path / "first.log", "w") as out:
@@ -383,7 +383,7 @@ def status_rows(repo: Path) -> dict[str, dict]:
 @pytest.mark.workflow
 @pytest.mark.slow
 def test_a_crashed_job_is_reported_and_a_plain_rerun_retries_it_only(primed, tmp_path):
-    repo = copy_primed(primed, tmp_path / "repo")
+    repo = copy_primed(primed, tmp_path / "repo", machines=False)
     cfg = workflow_config(tmp_path)
     victim = "ddp_weak/cached/k2"
     fault = {**os.environ, "DPSCALE_FAULT": f"crash:rank=1:job={victim}"}

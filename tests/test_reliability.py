@@ -70,7 +70,7 @@ def _incomplete(repo: Path) -> set[str]:
 @pytest.mark.workflow
 @pytest.mark.slow
 def test_kill9_then_plain_rerun_completes(primed, tmp_path):
-    repo = copy_primed(primed, tmp_path)
+    repo = copy_primed(primed, tmp_path, machines=False)
     # four jobs (DDP seed and cached, all-reduce default and memcpy, at k=2): the kill
     # comes as the third result appears, so some are done and one is running
     cfg = ["--config", *SMALL, "ks=[2]", "experiments=[ddp_weak,allreduce]"]
@@ -265,7 +265,7 @@ def test_measurements_never_overlap(repo_after_smoke):
 
 @pytest.fixture(scope="module")
 def repo_after_smoke(primed, tmp_path_factory):
-    repo = copy_primed(primed, tmp_path_factory.mktemp("smoke"))
+    repo = copy_primed(primed, tmp_path_factory.mktemp("smoke"), machines=False)
     # two measurement jobs (seed and cached at k=1, one process each) on two cores, both
     # ready at once (the data stage is done): Snakemake would start them together but for
     # measure=1 (and then the one waiting for cpu-0's device lock would start late). The

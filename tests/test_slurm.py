@@ -259,7 +259,7 @@ def pipeline(slurm, primed, tmp_path_factory):
     21 s apart), so the jobs this module is about are the measurements (four DDP jobs,
     k=2 across two nodes) and the report; the data jobs and the all-reduce sweep run
     through SLURM the same way and are tested locally elsewhere."""
-    repo = copy_primed(primed, tmp_path_factory.mktemp("repo"))
+    repo = copy_primed(primed, tmp_path_factory.mktemp("repo"), machines=False)
     multinode = supports_cluster_key()
     cfg = {
         "scale": "smoke", "ks": [1, 2], "experiments": ["ddp_weak"],
