@@ -10,6 +10,7 @@ from snakemake.utils import min_version, validate
 
 min_version("9.0")
 sys.path.insert(0, f"{workflow.basedir}/src")
+from dpscale.plan import cluster as dscluster
 from dpscale.plan.config import ConfigError, coerce_cli_types
 from dpscale.plan.configcheck import check
 from dpscale.run.lifeline import mark_snakemake
@@ -58,6 +59,15 @@ rule all:
     default_target: True
     input:
         rules.report.output,
+
+
+# A cluster run that kept profiles/default's measure=1 (given --profile, not
+# --workflow-profile) would measure one job at a time: said once, as the jobs start.
+onstart:
+    if _serial := dscluster.serialised_on_cluster(
+        workflow.local_exec, workflow.global_resources
+    ):
+        logger.warning(_serial)
 
 
 # The run ends with the answer (dpscale.report.summary), printed after Snakemake's own

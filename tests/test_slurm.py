@@ -139,7 +139,7 @@ def snakemake(workdir: Path, args: list[str], slurm: dict, timeout: int = PIPELI
     """Run snakemake with the SLURM executor in workdir (through slurm_snakemake.py: the
     plugin's status polling capped); kill its process group and cancel its jobs on
     timeout. Returns (returncode, output, {slurm job id: log})."""
-    cmd = [python, str(REPO / "tests" / "slurm_snakemake.py"), "--profile", str(REPO / "profiles" / "slurm"),
+    cmd = [python, str(REPO / "tests" / "slurm_snakemake.py"), "--workflow-profile", str(REPO / "profiles" / "slurm"),
            # no accounting database here: no account, and squeue instead of sacct
            "--slurm-no-account", "--slurm-status-command", "squeue",
            "--slurm-init-seconds-before-status-checks", "1", *args]
@@ -308,6 +308,14 @@ def test_pipeline_runs_through_slurm(pipeline):
     assert {r["state"] for r in rows.values()} == {"COMPLETED"}, rows
     for p in logs:
         assert p.exists() and "SNAKEMAKE" in p.read_text(errors="replace"), p   # the job step's own log
+    # side by side: profiles/slurm is the workflow profile, so profiles/default's measure=1
+    # is not loaded, and every measurement was submitted before the first one finished
+    lines = out.splitlines()
+    assert not any(line.startswith("Provided resources:") and "measure" in line for line in lines), out[:3000]
+    sub = [i for i, line in enumerate(lines) if "has been submitted with SLURM jobid" in line and "rule_ddp_weak" in line]
+    done = [i for i, line in enumerate(lines) if re.match(r"Finished jobid: \d+ \(Rule: ddp_weak\)", line)]
+    assert len(sub) == 4 and done and max(sub) < min(done), "\n".join(lines[i] for i in sorted(sub + done))
+    assert "run one at a time" not in out
     print(f"smoke pipeline through SLURM: {len(submitted)} jobs in {pipeline['seconds']:.0f} s")
 
 
@@ -336,3 +344,18 @@ def test_multinode_jobs_span_two_nodes(pipeline):
     # one-node jobs are launched exactly as on a workstation: k=1 is one process, its worker alone
     log = (repo / "logs" / "ddp_weak" / "seed" / "k1.log").read_text(errors="replace")
     assert "torch_worker.py" in log and "torchrun" not in log and "srun" not in log, log[:2000]
+
+
+def test_a_cluster_run_that_kept_the_workstations_limit_says_so():
+    """Under `--profile profiles/slurm` Snakemake loads profiles/default as the workflow
+    profile too, and its global measure=1 would run a cluster's measurements one at a time:
+    the run says so at its start (the Snakefile's onstart), and names the fix."""
+    from dpscale.plan import cluster
+    default = yaml.safe_load((REPO / "profiles" / "default" / "config.yaml").read_text())
+    assert f"{cluster.SERIAL_RESOURCE}=1" in default["resources"]
+    assert "resources" not in yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    assert cluster.serialised_on_cluster(True, {"measure": 1}) is None             # a workstation: meant
+    assert cluster.serialised_on_cluster(False, {"_cores": 8}) is None            # --workflow-profile
+    line = cluster.serialised_on_cluster(False, {"measure": 1, "_cores": 8})
+    assert "one at a time" in line and "--workflow-profile profiles/slurm" in line
+    assert "dscluster.serialised_on_cluster(" in (REPO / "Snakefile").read_text()

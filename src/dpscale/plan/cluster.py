@@ -39,3 +39,19 @@ def layout(k: int, cluster: dict) -> dict | None:
     if n == 1:
         return None
     return {"nodes": n, "gpus_per_node": gpus_per_node(cluster)}
+
+
+SERIAL_RESOURCE = "measure"   # profiles/default: `resources: [measure=1]`, every measurement asks for 1
+
+
+def serialised_on_cluster(local_exec: bool, global_resources) -> str | None:
+    """The line a cluster run prints at its start when its measurements will run one at a
+    time: profiles/default's global measure=1 is there because Snakemake loads that folder
+    as the workflow profile beside any `--profile` (and its settings win), so `--profile
+    profiles/slurm` keeps the limit meant for one workstation. None on a local run, or
+    without the limit (`--workflow-profile profiles/slurm`)."""
+    if local_exec or SERIAL_RESOURCE not in (global_resources or {}):
+        return None
+    return (f"the measurements run one at a time: profiles/default's global `{SERIAL_RESOURCE}=1` "
+            "applies beside --profile (Snakemake loads it as the workflow profile); for jobs side by side, "
+            "each on its own nodes, run with --workflow-profile profiles/slurm (docs/cluster.md)")

@@ -100,7 +100,7 @@ def multinode_command(cmd: list[str], launch: dict, env: dict | None = None,
         raise RuntimeError(
             f"this job spans {launch['nodes']} nodes (k > cluster.gpus_per_node="
             f"{launch['gpus_per_node']}) but runs outside a SLURM allocation (no SLURM_JOB_ID): "
-            "run the workflow with --profile profiles/slurm, or lower the k")
+            "run the workflow with --workflow-profile profiles/slurm, or lower the k")
     host = host or socket.gethostname()   # the batch step runs on the allocation's first node
     port = rdzv_port(job_id)
     n, g = int(launch["nodes"]), int(launch["gpus_per_node"])
