@@ -153,3 +153,22 @@ def test_the_summary_gives_one_growth_and_one_speedup_per_point(reports):
                     assert "forecast" in seg.split(" training only")[0], seg
 
 
+
+
+def test_the_first_figure_names_in_its_legend_only_what_it_drew():
+    """The first screen's figure of one machine: a machine with no time-to-accuracy result
+    (the two-node CPU pair: throughput only) gets no time-to-accuracy key, even beside
+    kept machines that have one; the kept machines' figure, where the H200 draws its
+    time to accuracy, gets them."""
+    from dpscale import report
+    from dpscale.report.figures.answer import answer, answer_others
+    ref = ROOT / "reference" / "cpu2-twonode"
+    data = report.load(ref / "runs", ref / "fingerprint.json", None, [ROOT / "reference"],
+                       ROOT / "reference/book_4090.yaml", "cpu2-twonode", None, None)
+
+    def keys(fig):
+        return [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    mine, others = keys(answer(data)), keys(answer_others(data))
+    assert any(t.startswith("samples/s, measured") for t in mine), mine
+    assert not any("time to accuracy" in t for t in mine), mine
+    assert any("time to accuracy" in t for t in others), others

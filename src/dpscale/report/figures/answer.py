@@ -132,7 +132,7 @@ def answer_others(data: ReportData):
 
 def _draw(data: ReportData, machines: list):
     fig, axes = kit.new(height=5.6)
-    ax, used, ks = axes[0, 0], [], set()
+    ax, used, ks, with_tta = axes[0, 0], [], set(), False
     recs = {id(m): r for m, r in numbers(data)}
     for m in machines:
         rows, color = opening(data, m)["rows"], kit.color_of(data, m)
@@ -140,7 +140,7 @@ def _draw(data: ReportData, machines: list):
         drew = _throughput(ax, rows, color, forecast=rec is not None)
         if rec is not None and _tta(ax, rows, color):
             _soonest(ax, rec, color)
-            drew = True
+            drew = with_tta = True
         if drew:
             used.append(m)
             ks |= {r["k"] for r in rows if r["throughput"] or r["point"] or r["predicted"]}
@@ -152,5 +152,6 @@ def _draw(data: ReportData, machines: list):
     from dpscale.report import forecast as fcr
     per_node = (fcr.compute(data)[0]["config"] if fcr.compute(data) else {}).get("gpus_per_node")
     _frame(ax, k_all, per_node)
-    kit.legend(fig, _entries(data, used, bool(recs)), ncol=2)
+    # the legend names what this figure drew: no time-to-accuracy keys on a machine without it
+    kit.legend(fig, _entries(data, used, with_tta), ncol=2)
     return fig
