@@ -121,9 +121,21 @@ def tiny_data(tmp_path_factory):
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
     """The report of tests/report_fixtures.py's results, built once a session (~15 s):
-    test_report.py and test_browser.py read it and write nothing into it."""
+    test_report.py, test_answer.py and test_browser.py read it and write nothing into it.
+    Under pytest-xdist the workers share it: the first to ask builds it in their common
+    base folder under a file lock, the other reads what it returned (built.json)."""
+    import filelock
     from report_fixtures import build_fixture
-    return build_fixture(tmp_path_factory.mktemp("report"))
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    record = shared / "built.json"
+    with filelock.FileLock(str(shared / "built.lock")):
+        if record.exists():
+            got = json.loads(record.read_text())
+            return {**got, "tmp": Path(got["tmp"]), "out": Path(got["out"])}
+        got = build_fixture(shared / "built-report")
+        record.write_text(json.dumps({**got, "tmp": str(got["tmp"]), "out": str(got["out"])}))
+        return got
 
 
 def make_spec(tiny_data, experiment, k, variant="default", limit_s=120, proto=None, fp=None, inputs=None):
