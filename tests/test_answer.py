@@ -158,9 +158,9 @@ def test_the_summary_gives_one_growth_and_one_speedup_per_point(reports):
 
 def test_the_first_figure_names_in_its_legend_only_what_it_drew():
     """The first screen's figure of one machine: a machine with no time-to-accuracy result
-    (the two-node CPU pair: throughput only) gets no time-to-accuracy key, even beside
-    kept machines that have one; the kept machines' figure, where the H200 draws its
-    time to accuracy, gets them."""
+    (the two-node CPU pair: throughput only, so no forecast drawn either) gets no key and no
+    axis for what it did not draw, even beside kept machines that have them; the kept
+    machines' figure, where the H200 draws its time to accuracy and forecast, gets them."""
     from dpscale import report
     from dpscale.report.figures.answer import answer, answer_others
     ref = ROOT / "reference" / "cpu2-twonode"
@@ -169,7 +169,9 @@ def test_the_first_figure_names_in_its_legend_only_what_it_drew():
 
     def keys(fig):
         return [t.get_text() for legend in fig.legends for t in legend.get_texts()]
-    mine, others = keys(answer(data)), keys(answer_others(data))
+    fig = answer(data)
+    mine, others = keys(fig), keys(answer_others(data))
     assert any(t.startswith("samples/s, measured") for t in mine), mine
-    assert not any("time to accuracy" in t for t in mine), mine
-    assert any("time to accuracy" in t for t in others), others
+    assert not any("time to accuracy" in t or "forecast" in t for t in mine), mine
+    assert fig.axes[0].get_xlim()[1] < 4, "the axis runs past the k=1, 2 drawn"
+    assert any("time to accuracy" in t for t in others) and any("samples/s, forecast" in t for t in others), others

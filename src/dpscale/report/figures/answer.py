@@ -23,16 +23,18 @@ def _band_line(ax, pts: list[dict], color: str, ls: str, lw: float = 1.6, band: 
         ax.fill_between(ks, [p["lo"] for p in pts], [p["hi"] for p in pts], color=color, alpha=0.15, lw=0)
 
 
-def _throughput(ax, rows: list[dict], color: str, forecast: bool) -> bool:
+def _throughput(ax, rows: list[dict], color: str, forecast: bool) -> tuple[set, bool]:
+    """(the k drawn, whether the forecast's line was drawn)."""
     meas = [r["throughput"] | {"k": r["k"]} for r in rows if (r["throughput"] or {}).get("source") == "measured"]
     fc = [r["throughput"] | {"k": r["k"]} for r in rows if r["throughput"] and (forecast or r["k"] == 1)
           and (r["throughput"]["source"] == "forecast" or r["k"] == 1)]
-    if forecast and len(fc) > 1:
+    drew_fc = forecast and len(fc) > 1
+    if drew_fc:
         _band_line(ax, fc, color, "-", lw=0.9)
     if meas:
         kit.errorbars(ax, [p["k"] for p in meas], [p["value"] for p in meas], [p["lo"] for p in meas],
                       [p["hi"] for p in meas], ls="-", marker="o", ms=6, color=color, capsize=3)
-    return bool(meas) or (forecast and len(fc) > 1)
+    return {p["k"] for p in meas} | ({p["k"] for p in fc} if drew_fc else set()), drew_fc
 
 
 def _tta(ax, rows: list[dict], color: str) -> bool:
@@ -96,11 +98,12 @@ def _frame(ax, ks: list[int], per_node: int | None) -> None:
         ax.set_xlabel("k (devices)")
 
 
-def _entries(data: ReportData, used, with_tta: bool) -> list[tuple]:
+def _entries(data: ReportData, used, with_tta: bool, with_fc: bool) -> list[tuple]:
     grey = "#555"
     out = kit.machine_entries(data, used) + [
-        (Line2D([], [], color=grey, marker="o"), "samples/s, measured (95% interval)"),
-        ((Line2D([], [], color=grey, lw=0.9), Patch(color=grey, alpha=0.15)), "samples/s, forecast (its band)")]
+        (Line2D([], [], color=grey, marker="o"), "samples/s, measured (95% interval)")]
+    if with_fc:
+        out += [((Line2D([], [], color=grey, lw=0.9), Patch(color=grey, alpha=0.15)), "samples/s, forecast (its band)")]
     if with_tta:
         out += [(Line2D([], [], color=grey, marker="s", ls=""), "time to accuracy (evaluation on the clock), "
                  "k real: samples to target measured (95% over seeds)"),
@@ -132,18 +135,21 @@ def answer_others(data: ReportData):
 
 def _draw(data: ReportData, machines: list):
     fig, axes = kit.new(height=5.6)
-    ax, used, ks, with_tta = axes[0, 0], [], set(), False
+    # the axis and the legend are what was drawn: no k, curve or key of a series not drawn
+    ax, used, ks, with_tta, with_fc = axes[0, 0], [], set(), False, False
     recs = {id(m): r for m, r in numbers(data)}
     for m in machines:
         rows, color = opening(data, m)["rows"], kit.color_of(data, m)
         rec = recs.get(id(m))
-        drew = _throughput(ax, rows, color, forecast=rec is not None)
+        drawn, drew_fc = _throughput(ax, rows, color, forecast=rec is not None)
+        with_fc |= drew_fc
         if rec is not None and _tta(ax, rows, color):
             _soonest(ax, rec, color)
-            drew = with_tta = True
-        if drew:
+            with_tta = True
+            drawn |= {r["k"] for r in rows if r["point"] or r["predicted"]}
+        if drawn:
             used.append(m)
-            ks |= {r["k"] for r in rows if r["throughput"] or r["point"] or r["predicted"]}
+            ks |= drawn
     if not used:
         kit.empty(ax, "No scaling result yet.")
         return fig
@@ -152,6 +158,5 @@ def _draw(data: ReportData, machines: list):
     from dpscale.report import forecast as fcr
     per_node = (fcr.compute(data)[0]["config"] if fcr.compute(data) else {}).get("gpus_per_node")
     _frame(ax, k_all, per_node)
-    # the legend names what this figure drew: no time-to-accuracy keys on a machine without it
-    kit.legend(fig, _entries(data, used, with_tta), ncol=2)
+    kit.legend(fig, _entries(data, used, with_tta, with_fc), ncol=2)
     return fig
