@@ -175,3 +175,17 @@ def test_the_first_figure_names_in_its_legend_only_what_it_drew():
     assert not any("time to accuracy" in t or "forecast" in t for t in mine), mine
     assert fig.axes[0].get_xlim()[1] < 4, "the axis runs past the k=1, 2 drawn"
     assert any("time to accuracy" in t for t in others) and any("samples/s, forecast" in t for t in others), others
+
+    # every time-to-accuracy key stands for a mark the axes hold, and every such mark has its key
+    from matplotlib.colors import to_hex
+    for fig in (answer(data), answer_others(data)):
+        lines = [x for x in fig.axes[0].get_lines()]
+        drawn = {"reaches the target soonest": any(x.get_marker() == "*" for x in lines),
+                 "the same, predicted": any(x.get_linestyle() == "--" for x in lines),
+                 "the same, training only (predicted)": any(x.get_linestyle() == ":" for x in lines),
+                 "the same, training only (measured)": any(x.get_marker() == "^" for x in lines),
+                 "the same, k emulated": any(x.get_marker() in ("s", "^") and to_hex(x.get_markerfacecolor())
+                                             == "#ffffff" for x in lines)}
+        said = keys(fig)
+        for start, mark in drawn.items():
+            assert any(t.startswith(start) for t in said) == mark, (start, mark, said)

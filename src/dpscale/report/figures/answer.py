@@ -37,12 +37,15 @@ def _throughput(ax, rows: list[dict], color: str, forecast: bool) -> tuple[set, 
     return {p["k"] for p in meas} | ({p["k"] for p in fc} if drew_fc else set()), drew_fc
 
 
-def _tta(ax, rows: list[dict], color: str) -> bool:
+def _tta(ax, rows: list[dict], color: str, kinds: set) -> bool:
+    """Draws this machine's time to accuracy; adds to `kinds` what it drew (the legend's keys)."""
     pts = [r["point"] for r in rows if r["point"] and r["point"].get("speedup_train") is not None]
     for p in pts:
         for key, marker, dx in (("speedup", "s", 1.0), ("speedup_train", "^", 1.06)):
             if p.get(key) is None:   # the clock form where this k's evaluations were not timed as a job's
                 continue
+            kinds |= {"train"} if key == "speedup_train" else set()
+            kinds |= {"emulated"} if p["emulated"] else set()
             lo, hi = p.get(f"{key}_lo"), p.get(f"{key}_hi")
             if lo is not None and hi is not None:
                 ax.errorbar([p["k"] * dx], [p[key]], yerr=[[p[key] - lo], [hi - p[key]]], color=color,
@@ -55,14 +58,16 @@ def _tta(ax, rows: list[dict], color: str) -> bool:
              if (r["predicted_train"] or {}).get("speedup") is not None]
     if len(pred) > 1:
         _band_line(ax, pred, color, "--")
+        kinds.add("predicted")
     if len(train) > 1:
         _band_line(ax, train, color, ":", lw=1.3, band=False)
+        kinds.add("predicted_train")
     for slot, r in enumerate(r for r in rows if r["point"] and not r["point"]["scored"]):
         kit.mark_missing(ax, r["k"], f"k={r['k']}: no score", color, slot)
     return bool(pts or pred)
 
 
-def _soonest(ax, rec: dict, color: str) -> None:
+def _soonest(ax, rec: dict, color: str) -> bool:
     """A star on the predicted speed-up where the target is reached soonest."""
     rule = rec["rules"].get(rec["primary"]) or {}
     f = rule.get("forecast")
@@ -72,6 +77,8 @@ def _soonest(ax, rec: dict, color: str) -> None:
         ax.plot([k], [row["speedup"]], marker="*", ms=17, color=color, mec="black", ls="", zorder=6)
         ax.annotate(f"soonest: k={k}", (k, row["speedup"]), xytext=(10, -16), textcoords="offset points",
                     fontsize=kit.MIN_FONT_PT, color=color)
+        return True
+    return False
 
 
 def _frame(ax, ks: list[int], per_node: int | None) -> None:
@@ -98,22 +105,26 @@ def _frame(ax, ks: list[int], per_node: int | None) -> None:
         ax.set_xlabel("k (devices)")
 
 
-def _entries(data: ReportData, used, with_tta: bool, with_fc: bool) -> list[tuple]:
+def _entries(data: ReportData, used, tta_kinds: set, with_fc: bool) -> list[tuple]:
+    """The keys of what was drawn: the first time-to-accuracy key names the measure (it
+    stands whenever any of it was drawn), the others only where their mark was."""
     grey = "#555"
     out = kit.machine_entries(data, used) + [
         (Line2D([], [], color=grey, marker="o"), "samples/s, measured (95% interval)")]
     if with_fc:
         out += [((Line2D([], [], color=grey, lw=0.9), Patch(color=grey, alpha=0.15)), "samples/s, forecast (its band)")]
-    if with_tta:
-        out += [(Line2D([], [], color=grey, marker="s", ls=""), "time to accuracy (evaluation on the clock), "
-                 "k real: samples to target measured (95% over seeds)"),
-                (Line2D([], [], color=grey, marker="^", ls=""), "the same, training only (measured)"),
-                (Line2D([], [], color=grey, marker="s", mfc="white", ls=""), "the same, k emulated (DDP's "
-                 "semantics on fewer devices)"),
-                ((Line2D([], [], color=grey, ls="--"), Patch(color=grey, alpha=0.15)),
+    if tta_kinds:
+        keys = [("measured", Line2D([], [], color=grey, marker="s", ls=""),
+                 "time to accuracy (evaluation on the clock), k real: samples to target measured (95% over seeds)"),
+                ("train", Line2D([], [], color=grey, marker="^", ls=""), "the same, training only (measured)"),
+                ("emulated", Line2D([], [], color=grey, marker="s", mfc="white", ls=""),
+                 "the same, k emulated (DDP's semantics on fewer devices)"),
+                ("predicted", (Line2D([], [], color=grey, ls="--"), Patch(color=grey, alpha=0.15)),
                  "the same, predicted: E(B) fit / samples/s (joint band)"),
-                (Line2D([], [], color=grey, ls=":"), "the same, training only (predicted)"),
-                (Line2D([], [], color=grey, marker="*", ms=12, mec="black", ls=""), "reaches the target soonest")]
+                ("predicted_train", Line2D([], [], color=grey, ls=":"), "the same, training only (predicted)"),
+                ("soonest", Line2D([], [], color=grey, marker="*", ms=12, mec="black", ls=""),
+                 "reaches the target soonest")]
+        out += [(handle, text) for kind, handle, text in keys if kind in tta_kinds]
     return out + [(Line2D([], [], color="gray", lw=4, alpha=0.25), "ideal: k")]
 
 
@@ -136,16 +147,15 @@ def answer_others(data: ReportData):
 def _draw(data: ReportData, machines: list):
     fig, axes = kit.new(height=5.6)
     # the axis and the legend are what was drawn: no k, curve or key of a series not drawn
-    ax, used, ks, with_tta, with_fc = axes[0, 0], [], set(), False, False
+    ax, used, ks, tta_kinds, with_fc = axes[0, 0], [], set(), set(), False
     recs = {id(m): r for m, r in numbers(data)}
     for m in machines:
         rows, color = opening(data, m)["rows"], kit.color_of(data, m)
         rec = recs.get(id(m))
         drawn, drew_fc = _throughput(ax, rows, color, forecast=rec is not None)
         with_fc |= drew_fc
-        if rec is not None and _tta(ax, rows, color):
-            _soonest(ax, rec, color)
-            with_tta = True
+        if rec is not None and _tta(ax, rows, color, tta_kinds):
+            tta_kinds |= {"measured"} | ({"soonest"} if _soonest(ax, rec, color) else set())
             drawn |= {r["k"] for r in rows if r["point"] or r["predicted"]}
         if drawn:
             used.append(m)
@@ -158,5 +168,5 @@ def _draw(data: ReportData, machines: list):
     from dpscale.report import forecast as fcr
     per_node = (fcr.compute(data)[0]["config"] if fcr.compute(data) else {}).get("gpus_per_node")
     _frame(ax, k_all, per_node)
-    kit.legend(fig, _entries(data, used, with_tta, with_fc), ncol=2)
+    kit.legend(fig, _entries(data, used, tta_kinds, with_fc), ncol=2)
     return fig
