@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from dpscale.data import fetch as dfetch, resize as dresize  # noqa: E402
-from dpscale import registry  # noqa: E402
+from dpscale import layout, registry  # noqa: E402
 from dpscale.plan import specs  # noqa: E402
 from dpscale.model.models import model_flops_record  # noqa: E402
 from dpscale.results import write_json_atomic  # noqa: E402
@@ -252,7 +252,6 @@ def copy_primed(primed: Path, dest: Path, machines: bool = True) -> Path:
     the 2-core machine, docs/measurements/test-loop_2026-12-06.md). For the tests whose
     subject is the workflow's faults and plans, not the comparison; those that read
     another machine's numbers (test_summary, test_workflow, test_report) keep them."""
-    from dpscale import layout
     root = Path(primed) / "reference"
 
     def ignore(folder, names):

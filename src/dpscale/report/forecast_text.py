@@ -165,6 +165,11 @@ def _pair(first: str, model, naive, fmt="{:.1f}%") -> str:
     return f"{n}, {m}" if first == "naive" else f"{m}, {n}"
 
 
+def _ranked(model, naive, fmt="{:.1f}%") -> str:
+    """_pair with the better of the two first: the smaller |error|, the model on a tie."""
+    return _pair("naive" if abs(naive) < abs(model) else "model", model, naive, fmt)
+
+
 def fabric_band(r: dict) -> str:
     """A case's band with its width (hi / lo) and whether the NICs cut it."""
     if r["band_lo"] is None:
@@ -185,8 +190,7 @@ def fabric_check_text(folder, json_path=None) -> str:
              "clusters' cases, cut at what the nodes' NICs carry where known; its width hi/lo]; naive: the smaller "
              "scale's busbw at that payload; per case the mean |error| over its payloads, the better predictor first"]
     for r in res["cases"]:
-        first = "naive" if abs(r["naive_error_pct"]) < abs(r["error_pct"]) else "model"
-        at = _pair(first, r["error_pct"], r["naive_error_pct"], "{:+.1f}%")
+        at = _ranked(r["error_pct"], r["naive_error_pct"], "{:+.1f}%")
         lines.append(f"  {'held out ' if r['held_out'] else ''}{r['cluster']}: {r['small_layout']} -> "
                      f"{r['large_layout']} ({r['kind']}; smaller scale read as NCCL's {r['algo'] or '?'}: "
                      f"{r['algo_why']}{'; ' + r['columns'] if r['columns'] else ''}) at {r['bytes'] / 2**20:.0f} MiB: "
@@ -198,11 +202,9 @@ def fabric_check_text(folder, json_path=None) -> str:
                       ("nodes", "node-count cases (a cluster at N nodes predicting it at M > N)")):
         s = res["summary"][key]
         if s["cases"]:
-            lead = "naive" if s["first"] == "naive" else "model"
             lines.append(f"  {what}: {s['cases']} over {s['clusters']} cluster(s), mean |error| at the largest payload "
-                         f"{_pair(lead, s['model_mean_abs_pct'], s['naive_mean_abs_pct'])}; over payloads "
-                         + _pair("naive" if s["naive_payload_mean_abs_pct"] < s["model_payload_mean_abs_pct"]
-                                 else "model", s["model_payload_mean_abs_pct"], s["naive_payload_mean_abs_pct"])
+                         f"{_pair(s['first'], s['model_mean_abs_pct'], s['naive_mean_abs_pct'])}; over payloads "
+                         + _ranked(s["model_payload_mean_abs_pct"], s["naive_payload_mean_abs_pct"])
                          + f"; {s['inside']} of {s['banded']} inside the band, widths x{s['band_width_median']:.1f} "
                          f"(median) to x{s['band_width_max']:.1f}")
     if json_path:
@@ -253,17 +255,15 @@ def fabric_markdown(folder) -> str:
             "|---|---|---|---|---|"]
     nodes = [(i, r) for i, r in cases if r["kind"] == "nodes"]
     for j, (i, r) in enumerate(nodes, 1):
-        first = "naive" if abs(r["naive_error_pct"]) < abs(r["error_pct"]) else "model"
         out.append(f"| n{j} | case {name(i, r)}: {r['small_layout']} -> {r['large_layout']} | NCCL's {r['algo'] or '?'}: "
                    f"{r['algo_why']}{'; ' + r['columns'] if r['columns'] else ''} | "
-                   f"{_pair(first, r['error_pct'], r['naive_error_pct'], '{:+.1f}%')} | "
+                   f"{_ranked(r['error_pct'], r['naive_error_pct'], '{:+.1f}%')} | "
                    f"{_pair(r['first'], r['model_mean_abs_pct'], r['naive_mean_abs_pct'])} over {r['payloads']} |")
     n = res["summary"]["nodes"]
     if n["cases"]:
         out += ["", f"Over the {n['cases']} node-count cases of {n['clusters']} clusters: mean |error| at the largest "
                 f"payload {_pair(n['first'], n['model_mean_abs_pct'], n['naive_mean_abs_pct'])}; over every payload "
-                + _pair("naive" if n["naive_payload_mean_abs_pct"] < n["model_payload_mean_abs_pct"] else "model",
-                        n["model_payload_mean_abs_pct"], n["naive_payload_mean_abs_pct"]) + "."]
+                + _ranked(n["model_payload_mean_abs_pct"], n["naive_payload_mean_abs_pct"]) + "."]
     out += ["", "### Every payload of every case"]
     for i, r in cases:
         out += ["", f"Case {name(i, r)}: `{r['small']}` -> `{r['large']}`; misfit {r['misfit']:.2f} (log) from "
@@ -378,8 +378,7 @@ def summary_markdown(forecasts: list[dict], fabric_folder) -> str:
                       ("nodes", "node-count cases (N nodes predicting M > N)")):
         s = res[key]
         if s["cases"]:
-            over = _pair("naive" if s["naive_payload_mean_abs_pct"] < s["model_payload_mean_abs_pct"] else "model",
-                         s["model_payload_mean_abs_pct"], s["naive_payload_mean_abs_pct"])
+            over = _ranked(s["model_payload_mean_abs_pct"], s["naive_payload_mean_abs_pct"])
             lines.append(f"- {s['cases']} {what} of {s['clusters']} cluster(s): "
                          f"{_pair(s['first'], s['model_mean_abs_pct'], s['naive_mean_abs_pct'])}; over every payload "
                          f"{over}; {s['inside']} of {s['banded']} inside the band, x{s['band_width_median']:.1f} "
