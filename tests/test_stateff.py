@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from dpscale.analysis import stats, tta
 from dpscale.analysis.stateff import batch_model, common, crossings, forecast, model_choice, noise, over_seeds
@@ -462,3 +463,36 @@ def test_the_forecasts_band_carries_the_between_batch_misfit_with_its_source():
     assert all(r["misfit_source"] == "pooled" and r["misfit_rel_sd"] > 0.05 for r in rows)
     far, near = rows[-1], rows[1]   # k=32 extrapolates far beyond the fit: more of the misfit reaches it
     assert (far["samples_hi"] - far["samples_lo"]) / far["samples"] > (near["samples_hi"] - near["samples_lo"]) / near["samples"]
+
+
+_SEEDS = st.lists(st.one_of(st.none(), st.floats(1e3, 1e6)), min_size=1, max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.sampled_from([64, 128, 256, 512, 1024, 2048]), _SEEDS, min_size=3, max_size=6),
+       st.sampled_from(["cv", "ols"]), st.integers(0, 5))
+def test_a_residual_reads_only_the_batches_at_and_below_it_and_is_its_holdouts(points, weighting, i):
+    """batch_misfit.residual (memoised on what it reads) equals the residual computed from
+    batch_model.holdout directly, whatever lies above the batch, and a caller that changes
+    what it got does not change the next answer."""
+    from dpscale.analysis.stateff import batch_misfit
+    batch = sorted(points)[min(i, len(points) - 1)]
+    below = [B for B in sorted(points) if B < batch]
+    expected = None
+    if len(below) >= 2:
+        try:
+            h = batch_model.holdout(points, batch, fit_batches=below, weighting=weighting)
+        except ValueError:
+            h = None
+        if h is not None and h["measured_mean"] is not None:
+            pr, m = h["predicted"], h["measured_mean"]
+            sp = (pr["pred_hi"] - pr["mean"]) / batch_misfit._t(batch_misfit.LEVEL, h["fit"]["df"])
+            expected = {"table": "t", "batch": batch, "fit_batches": list(h["fit"]["batches"]),
+                        "relative": (m - pr["mean"]) / m, "noise_var": (sp / m) ** 2,
+                        "leverage": batch_misfit.leverage({B: points[B] for B in below}, h["fit"]["coef"], batch)}
+    got = batch_misfit.residual(points, batch, weighting, table="t")
+    assert got == expected
+    if got is not None:
+        got["fit_batches"].append(-1)
+    above = {**points, 4096: [1.0], 8192: [None]}
+    assert batch_misfit.residual(above, batch, weighting, table="t") == expected

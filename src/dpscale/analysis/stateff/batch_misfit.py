@@ -38,6 +38,7 @@ quantile at 95% (t(3) = 3.18) gives a band of usable width; it is not tuned.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterable
 
@@ -83,6 +84,20 @@ def residual(points: dict, batch, weighting: str = "cv", level: float = LEVEL, t
     below = [B for B in sorted(points) if B < batch]
     if len(below) < 2:
         return None
+    # What it reads, as a key: the batches below and the one predicted. A table's rows
+    # (convergence_check) each ask again for the residuals below them, the same fits.
+    key = (tuple((B, tuple(points[B])) for B in below), batch, tuple(points.get(batch, ())))
+    r = _residual(key, weighting, level, table)
+    return None if r is None else {**r, "fit_batches": list(r["fit_batches"])}
+
+
+@functools.lru_cache(maxsize=4096)
+def _residual(key: tuple, weighting: str, level: float, table: str) -> dict | None:
+    below_vals, batch, at = key
+    points = {B: list(vals) for B, vals in below_vals}
+    below = list(points)
+    if at:
+        points[batch] = list(at)
     try:
         h = batch_model.holdout(points, batch, fit_batches=below, weighting=weighting, level=level)
     except ValueError:
@@ -91,7 +106,7 @@ def residual(points: dict, batch, weighting: str = "cv", level: float = LEVEL, t
         return None
     pr, m = h["predicted"], h["measured_mean"]
     sp = (pr["pred_hi"] - pr["mean"]) / _t(level, h["fit"]["df"])
-    return {"table": table, "batch": batch, "fit_batches": list(h["fit"]["batches"]),
+    return {"table": table, "batch": batch, "fit_batches": tuple(h["fit"]["batches"]),
             "relative": (m - pr["mean"]) / m, "noise_var": (sp / m) ** 2,
             "leverage": leverage({B: points[B] for B in below}, h["fit"]["coef"], batch)}
 
