@@ -87,12 +87,12 @@ def residual(points: dict, batch, weighting: str = "cv", level: float = LEVEL, t
     # What it reads, as a key: the batches below and the one predicted. A table's rows
     # (convergence_check) each ask again for the residuals below them, the same fits.
     key = (tuple((B, tuple(points[B])) for B in below), batch, tuple(points.get(batch, ())))
-    r = _residual(key, weighting, level, table)
-    return None if r is None else {**r, "fit_batches": list(r["fit_batches"])}
+    r = _residual(key, weighting, level)
+    return None if r is None else {"table": table, **r, "fit_batches": list(r["fit_batches"])}
 
 
 @functools.lru_cache(maxsize=4096)
-def _residual(key: tuple, weighting: str, level: float, table: str) -> dict | None:
+def _residual(key: tuple, weighting: str, level: float) -> dict | None:
     below_vals, batch, at = key
     points = {B: list(vals) for B, vals in below_vals}
     below = list(points)
@@ -106,7 +106,7 @@ def _residual(key: tuple, weighting: str, level: float, table: str) -> dict | No
         return None
     pr, m = h["predicted"], h["measured_mean"]
     sp = (pr["pred_hi"] - pr["mean"]) / _t(level, h["fit"]["df"])
-    return {"table": table, "batch": batch, "fit_batches": tuple(h["fit"]["batches"]),
+    return {"batch": batch, "fit_batches": tuple(h["fit"]["batches"]),
             "relative": (m - pr["mean"]) / m, "noise_var": (sp / m) ** 2,
             "leverage": leverage({B: points[B] for B in below}, h["fit"]["coef"], batch)}
 

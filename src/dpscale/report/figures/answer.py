@@ -44,8 +44,9 @@ def _tta(ax, rows: list[dict], color: str, kinds: set) -> bool:
         for key, marker, dx in (("speedup", "s", 1.0), ("speedup_train", "^", 1.06)):
             if p.get(key) is None:   # the clock form where this k's evaluations were not timed as a job's
                 continue
-            kinds |= {"train"} if key == "speedup_train" else set()
-            kinds |= {"emulated"} if p["emulated"] else set()
+            kinds.add("train" if key == "speedup_train" else "measured")
+            if p["emulated"]:
+                kinds.add("emulated")
             lo, hi = p.get(f"{key}_lo"), p.get(f"{key}_hi")
             if lo is not None and hi is not None:
                 ax.errorbar([p["k"] * dx], [p[key]], yerr=[[p[key] - lo], [hi - p[key]]], color=color,
@@ -155,7 +156,9 @@ def _draw(data: ReportData, machines: list):
         drawn, drew_fc = _throughput(ax, rows, color, forecast=rec is not None)
         with_fc |= drew_fc
         if rec is not None and _tta(ax, rows, color, tta_kinds):
-            tta_kinds |= {"measured"} | ({"soonest"} if _soonest(ax, rec, color) else set())
+            tta_kinds.add("measured")   # the first key names the measure whenever any of it was drawn
+            if _soonest(ax, rec, color):
+                tta_kinds.add("soonest")
             drawn |= {r["k"] for r in rows if r["point"] or r["predicted"]}
         if drawn:
             used.append(m)
