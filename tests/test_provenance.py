@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from dpscale import provenance, registry
 
@@ -32,7 +33,6 @@ def changed(pkg, module: str, edit) -> set[str]:
     before = digests(pkg)
     path = provenance.module_path(module, pkg)
     path.write_text(edit(path.read_text()))
-    provenance._normalised.cache_clear()
     provenance.imports_of.cache_clear()
     return {name for name, d in digests(pkg).items() if d != before[name]}
 
@@ -64,3 +64,52 @@ def test_a_new_import_joins_the_digest(package):
         == {"jax_weak"}
     hit = changed(package, "dpscale.lab.triton_bn", lambda s: s + "\nEXPERIMENT = 3\n")
     assert hit == {"jax_weak"}
+
+
+# Fragments a module is made of: docstrings (which the digest ignores), imports of every
+# form (which the closure reads), code, comments.
+FRAGMENTS = ['"""A docstring."""', "import os", "import os.path as p, sys", "from . import x",
+             "from ..a.b import c, d", "from dpscale import results", "X = 1  # a comment",
+             'def f():\n    """Its docstring."""\n    from .y import z\n    return z',
+             "class C:\n    '''Doc.'''", "Y = 'text'", "# only a comment"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(FRAGMENTS), max_size=8), st.binary(max_size=64))
+def test_the_parse_cache_gives_what_a_fresh_parse_gives(parts, junk):
+    """A digest through the cache between processes (dpscale.provenance._parsed) is the
+    digest of a fresh parse, whether the entry is new, kept, damaged by hand or cannot be
+    written at all; an edit is never answered with the entry of the text before it."""
+    import json
+    import os
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as tmp:
+        mod = Path(tmp) / "m.py"
+        mod.write_text("\n".join(parts) + "\n")
+        fresh = provenance._parse(mod.read_bytes())
+        env = os.environ.get("XDG_CACHE_HOME")
+        try:
+            os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
+            for _ in range(2):   # written, then read back
+                provenance._MEMO.clear()
+                assert provenance._parsed(mod) == fresh
+            entries = list((Path(tmp) / "cache").rglob("*.json"))
+            assert len(entries) == 1 and not list((Path(tmp) / "cache").rglob("*.tmp"))
+            kept = json.loads(entries[0].read_text())
+            for damaged in (junk, json.dumps({**kept, "normalised": kept["normalised"] + "W = 0\n"}).encode()):
+                entries[0].write_bytes(damaged)   # damaged, or edited by hand: parsed again
+                provenance._MEMO.clear()
+                assert provenance._parsed(mod) == fresh
+            mod.write_text(mod.read_text() + "Z = 2\n")   # an edit: a new key, not the old entry
+            assert provenance._parsed(mod) == provenance._parse(mod.read_bytes()) != fresh
+            (Path(tmp) / "file").write_text("")
+            os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "file")   # not a folder: no cache, same answer
+            provenance._MEMO.clear()
+            assert provenance._parsed(mod) == provenance._parse(mod.read_bytes())
+        finally:
+            provenance._MEMO.clear()
+            if env is None:
+                os.environ.pop("XDG_CACHE_HOME", None)
+            else:
+                os.environ["XDG_CACHE_HOME"] = env

@@ -12,11 +12,15 @@ since a commit that touches only the README must not rerun a GPU job.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
+import json
 import os
 import shlex
 import subprocess
+import sys
+import tempfile
 from importlib import metadata
 from pathlib import Path
 
@@ -41,15 +45,81 @@ def project_version() -> str:
         return "unknown (not installed)"
 
 
-@functools.cache
-def _normalised(path: Path) -> str:
-    tree = ast.parse(path.read_text())
+# Parsing the package is most of a workflow parse's own CPU (about 1 s of 2 on the 2-core
+# machine: the report's digest reads 91 modules, and every job's result names its own), so
+# what a module's syntax gives, its normalised text and its import statements, is kept
+# between processes, keyed like __pycache__ but by content: the sha256 of the file's bytes,
+# of this module's own bytes (the normalisation) and of the Python version (ast.unparse's
+# output is the interpreter's). An entry is a pure function of its key, so a copy of the
+# tree elsewhere (a test's folder, a clone) reuses it, and an edit is a new key. A cache
+# that cannot be read or written is the same as none: the file is parsed again.
+_SELF = Path(__file__).read_bytes()
+
+
+def _parse_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path(os.environ.get("HOME") or "~").expanduser() / ".cache"
+    return Path(base) / "dpscale" / "provenance"
+
+
+_MEMO: dict[str, tuple[str, tuple]] = {}
+
+
+def _parsed(path: Path) -> tuple[str, tuple]:
+    """(the module's code with docstrings removed, ast.unparse'd; its import statements as
+    ("import", names) and ("from", level, module, names)), for the file's bytes now."""
+    body = path.read_bytes()
+    key = hashlib.sha256(_SELF + b"\0" + sys.version.encode() + b"\0" + body).hexdigest()
+    if key in _MEMO:
+        return _MEMO[key]
+    entry = _parse_cache() / key[:2] / f"{key}.json"
+    try:   # an entry carries its own sha256: one damaged or edited by hand is parsed again
+        got = json.loads(entry.read_text())
+        value = json.dumps([got["normalised"], got["imports"]])
+        if hashlib.sha256(value.encode()).hexdigest() != got["sha256"]:
+            raise ValueError(entry)
+        out = got["normalised"], tuple((i[0], *(tuple(x) if isinstance(x, list) else x for x in i[1:]))
+                                       for i in got["imports"])
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        out = _parse(body)
+        value = json.dumps(list(out))
+        _store(entry, {"normalised": out[0], "imports": out[1], "sha256": hashlib.sha256(value.encode()).hexdigest()})
+    _MEMO[key] = out
+    return out
+
+
+def _parse(body: bytes) -> tuple[str, tuple]:
+    tree = ast.parse(body)
+    imports = []
     for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.unparse(tree)
+        if isinstance(node, ast.Import):
+            imports.append(("import", tuple(a.name for a in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            imports.append(("from", node.level, node.module or "", tuple(a.name for a in node.names)))
+    for node in ast.walk(tree):
+        first = getattr(node, "body", None)
+        if (isinstance(first, list) and first and isinstance(first[0], ast.Expr)
+                and isinstance(first[0].value, ast.Constant) and isinstance(first[0].value.value, str)):
+            node.body = first[1:] or [ast.Pass()]
+    return ast.unparse(tree), tuple(imports)
+
+
+def _store(entry: Path, value: dict) -> None:
+    """Written whole or not at all (a temporary file renamed), and never an error."""
+    tmp = None
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".tmp", delete=False) as f:
+            tmp = f.name
+            json.dump(value, f)
+        os.replace(tmp, entry)
+    except OSError:
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _normalised(path: Path) -> str:
+    return _parsed(path)[0]
 
 
 def module_path(name: str, package: Path = PACKAGE) -> Path:
@@ -77,15 +147,15 @@ def imports_of(name: str, package: Path = PACKAGE) -> frozenset[str]:
     path = module_path(name, package)
     anchor = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
+    for stmt in _parsed(path)[1]:
+        if stmt[0] == "import":
+            out |= set(stmt[1])
+        else:
+            _, level, base, names = stmt
+            if level:
                 parts = anchor.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+                base = ".".join(parts[: len(parts) - level + 1] + ([base] if base else []))
+            out |= {f"{base}.{a}" if f"{base}.{a}" in known else base for a in names}
     return frozenset(m for m in out if m in known and m != name)
 
 
