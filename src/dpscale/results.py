@@ -167,7 +167,7 @@ def make_result(*, experiment: str, variant: str, k: int, status: str,
 def _validator():
     import jsonschema   # imported on first use: the workflow's parse stays light
     import yaml
-    schema = yaml.safe_load(SCHEMA.read_text())
+    schema = yaml.load(SCHEMA.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     return cls(schema)
