@@ -113,3 +113,44 @@ def test_the_parse_cache_gives_what_a_fresh_parse_gives(parts, junk):
                 os.environ.pop("XDG_CACHE_HOME", None)
             else:
                 os.environ["XDG_CACHE_HOME"] = env
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=5), st.binary(max_size=64))
+def test_a_stored_value_is_what_its_computation_gives_for_these_files(values, junk):
+    """dpscale.provenance.stored: computed once for the same code and files, again for a
+    changed file, and again where its entry was damaged; always what compute() returns."""
+    import os
+    import tempfile
+    from pathlib import Path
+    calls = []
+
+    def compute(path):
+        def f():
+            calls.append(1)
+            xs = [float(x) for x in path.read_text().split()]
+            return {"n": len(xs), "sum": sum(xs), "rows": [[1, 2.5]]}
+        return f
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "t.csv"
+        data.write_text(" ".join(map(repr, values)))
+        env = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")
+        try:
+            want = compute(data)()
+            calls.clear()
+            for _ in range(2):
+                assert provenance.stored("t", ("dpscale.results",), [data], compute(data)) == want
+            assert len(calls) == 1
+            data.write_text(data.read_text() + " 1.0")
+            assert provenance.stored("t", ("dpscale.results",), [data], compute(data)) == compute(data)() != want
+            for entry in (Path(tmp) / "cache").rglob("t-*.json"):
+                entry.write_bytes(junk)
+            calls.clear()
+            assert provenance.stored("t", ("dpscale.results",), [data], compute(data)) == compute(data)()
+            assert len(calls) == 2
+        finally:
+            if env is None:
+                os.environ.pop("XDG_CACHE_HOME", None)
+            else:
+                os.environ["XDG_CACHE_HOME"] = env

@@ -186,6 +186,33 @@ def source_digest(modules: tuple[str, ...], package: Path = PACKAGE) -> str:
     return h.hexdigest()[:16]
 
 
+def stored(name: str, roots: tuple[str, ...], files: list[Path], compute, libraries=("numpy", "scipy")):
+    """compute()'s value (JSON: lists come back as lists), kept between processes beside the
+    parses (_parsed): keyed by `name`, the code that computes it (the source digest of what
+    `roots` import), the bytes of every file it reads, and the versions of Python and of
+    `libraries`. For a computation on committed inputs that every report repeats (the E(B)
+    check on the public tables, 2.4 CPU-s); an entry that cannot be read is computed again."""
+    h = hashlib.sha256(f"{name}\0{source_digest(closure(roots, skip=frozenset()))}\0{sys.version}".encode())
+    for lib in libraries:
+        try:
+            h.update(f"\0{lib} {metadata.version(lib)}".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"\0{lib} none".encode())
+    for f in sorted(files):
+        h.update(b"\0" + str(f.name).encode() + b"\0" + f.read_bytes())
+    key = h.hexdigest()
+    entry = _parse_cache().parent / "stored" / f"{name}-{key[:32]}.json"
+    try:
+        got = json.loads(entry.read_text())
+        if hashlib.sha256(json.dumps(got["value"]).encode()).hexdigest() != got["sha256"] or got["key"] != key:
+            raise ValueError(entry)
+        return got["value"]
+    except (OSError, ValueError, KeyError, TypeError):
+        value = json.loads(json.dumps(compute()))   # what a later read gives, also the first time
+        _store(entry, {"key": key, "value": value, "sha256": hashlib.sha256(json.dumps(value).encode()).hexdigest()})
+        return value
+
+
 def report_modules(package: Path = PACKAGE) -> tuple[str, ...]:
     """The dpscale modules outside the report package that the report reaches."""
     inside = [m for m in package_modules(package) if m.startswith(f"{package.name}.report")]

@@ -507,8 +507,13 @@ def public_pool() -> tuple:
     the same fixed pool for every machine)."""
     from dpscale.analysis import convergence, convergence_check
     from dpscale.analysis.stateff import model_choice
-    tables = [convergence.read(p) for p in sorted(PUBLIC_CONVERGENCE.glob("*/*.csv"))]
-    return tuple(convergence_check.public_pool(tables, residuals=model_choice.next_residuals)) if tables else ()
+    files = sorted(PUBLIC_CONVERGENCE.glob("*/*.csv"))
+    if not files:
+        return ()
+    return tuple(provenance.stored(
+        "public_pool", ("dpscale.analysis.convergence_check", "dpscale.analysis.stateff.model_choice"), files,
+        lambda: convergence_check.public_pool([convergence.read(p) for p in files],
+                                              residuals=model_choice.next_residuals)))
 
 
 @functools.cache
@@ -517,12 +522,15 @@ def public_coverage() -> dict | None:
     coverage and median half-width, and the same with its largest contributor left out
     (convergence_check.without_largest); None without the tables."""
     from dpscale.analysis import convergence, convergence_check
-    tables = [convergence.read(p) for p in sorted(PUBLIC_CONVERGENCE.glob("*/*.csv"))]
-    if not tables:
+    files = sorted(PUBLIC_CONVERGENCE.glob("*/*.csv"))
+    if not files:
         return None
-    p = convergence_check.check(tables)["pooled"]
-    return {"coverage_wide": p["coverage_wide"], "median_half_width_pct": p["median_half_width_pct"]["band_wide"],
-            "without_largest": p.get("without_largest")}
+
+    def compute():
+        p = convergence_check.check([convergence.read(f) for f in files])["pooled"]
+        return {"coverage_wide": p["coverage_wide"], "median_half_width_pct": p["median_half_width_pct"]["band_wide"],
+                "without_largest": p.get("without_largest")}
+    return provenance.stored("public_coverage", ("dpscale.analysis.convergence_check",), files, compute)
 
 
 def fit(points: list[dict]) -> tuple[dict | None, dict | None, str]:
