@@ -61,10 +61,12 @@ def free_port() -> int:
 # (LoadFileScheduling: a module's fixtures, such as test_reliability's six hung jobs or
 # test_slurm's pipeline, are built once, not once per worker), and the modules go out in
 # the order below, not xdist's default of most tests first: the costliest tiers first
-# (a real SLURM, the smoke pipelines, then the multi-process ones), each module's own
-# order kept, so the minutes-long ones start at once on both workers and the second-long
-# ones fill in at the end. Without xdist (a GPU image's own pytest) the order is unused.
-TIERS = ("slow", "workflow", "multiproc")
+# (a real SLURM, the smoke pipelines, the multi-process ones, then those that build whole
+# reports), each module's own order kept, so the minutes-long ones start at once on both
+# workers and the second-long ones fill in at the end. (Without the report tier, test_report's
+# 80-90 s went out last in the quick loop: one worker ran it alone for 70 s.) Without
+# xdist (a GPU image's own pytest) the order is unused.
+TIERS = ("slow", "workflow", "multiproc", "report")
 
 
 def pytest_collection_modifyitems(config, items):

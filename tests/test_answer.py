@@ -16,6 +16,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.report   # builds whole reports: scheduled before the second-long modules (conftest.TIERS)
+
 X = r"(\d+\.\d\d)x"
 BAND = r"(?: \[[\d.]+, [\d.]+\])?"
 

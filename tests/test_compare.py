@@ -13,6 +13,8 @@ from dpscale.report import compare
 from dpscale.results import save
 from report_fixtures import ROOT
 
+pytestmark = pytest.mark.report   # builds whole reports: scheduled before the second-long modules (conftest.TIERS)
+
 H200, H200X2 = ROOT / "reference" / "h200", ROOT / "reference" / "h200x2"
 
 

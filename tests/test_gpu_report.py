@@ -14,6 +14,8 @@ from dpscale import report
 from dpscale.analysis import stats
 from dpscale.results import save, write_json_atomic
 
+pytestmark = pytest.mark.report   # builds whole reports: scheduled before the second-long modules (conftest.TIERS)
+
 LAUNCHES = [14.0, 15.5, 13.0]
 
 

@@ -18,6 +18,8 @@ from dpscale import report
 from dpscale.results import save
 from dpscale.report.chapters import csv_tables, figure_specs
 
+pytestmark = pytest.mark.report   # builds whole reports: scheduled before the second-long modules (conftest.TIERS)
+
 FIGURES = [s.name for _c, s in figure_specs()]
 
 
