@@ -97,7 +97,8 @@ def test_the_parse_cache_gives_what_a_fresh_parse_gives(parts, junk):
             entries = list((Path(tmp) / "cache").rglob("*.json"))
             assert len(entries) == 1 and not list((Path(tmp) / "cache").rglob("*.tmp"))
             kept = json.loads(entries[0].read_text())
-            for damaged in (junk, json.dumps({**kept, "normalised": kept["normalised"] + "W = 0\n"}).encode()):
+            edited = {**kept, "value": [kept["value"][0] + "W = 0\n", kept["value"][1]]}
+            for damaged in (junk, json.dumps(edited).encode()):
                 entries[0].write_bytes(damaged)   # damaged, or edited by hand: parsed again
                 provenance._MEMO.clear()
                 assert provenance._parsed(mod) == fresh

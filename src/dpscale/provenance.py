@@ -56,9 +56,11 @@ def project_version() -> str:
 _SELF = Path(__file__).read_bytes()
 
 
-def _parse_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path(os.environ.get("HOME") or "~").expanduser() / ".cache"
-    return Path(base) / "dpscale" / "provenance"
+def user_cache(env: dict | None = None) -> Path:
+    """$XDG_CACHE_HOME/dpscale, else ~/.cache/dpscale: the user's cache folder (the parses
+    and stored values below, and the compilation caches' default: plan.config.resolve_cache)."""
+    env = os.environ if env is None else env
+    return Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or "~").expanduser() / ".cache") / "dpscale"
 
 
 _MEMO: dict[str, tuple[str, tuple]] = {}
@@ -71,18 +73,13 @@ def _parsed(path: Path) -> tuple[str, tuple]:
     key = hashlib.sha256(_SELF + b"\0" + sys.version.encode() + b"\0" + body).hexdigest()
     if key in _MEMO:
         return _MEMO[key]
-    entry = _parse_cache() / key[:2] / f"{key}.json"
-    try:   # an entry carries its own sha256: one damaged or edited by hand is parsed again
-        got = json.loads(entry.read_text())
-        value = json.dumps([got["normalised"], got["imports"]])
-        if hashlib.sha256(value.encode()).hexdigest() != got["sha256"]:
-            raise ValueError(entry)
-        out = got["normalised"], tuple((i[0], *(tuple(x) if isinstance(x, list) else x for x in i[1:]))
-                                       for i in got["imports"])
+    entry = user_cache() / "provenance" / key[:2] / f"{key}.json"
+    try:
+        normalised, imports = _kept(entry)
+        out = normalised, tuple((i[0], *(tuple(x) if isinstance(x, list) else x for x in i[1:])) for i in imports)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         out = _parse(body)
-        value = json.dumps(list(out))
-        _store(entry, {"normalised": out[0], "imports": out[1], "sha256": hashlib.sha256(value.encode()).hexdigest()})
+        _keep(entry, list(out))
     _MEMO[key] = out
     return out
 
@@ -103,14 +100,23 @@ def _parse(body: bytes) -> tuple[str, tuple]:
     return ast.unparse(tree), tuple(imports)
 
 
-def _store(entry: Path, value: dict) -> None:
-    """Written whole or not at all (a temporary file renamed), and never an error."""
+def _kept(entry: Path):
+    """The value _keep wrote; an error where there is none, or it is damaged or edited by
+    hand (its own sha256 no longer matches)."""
+    got = json.loads(entry.read_text())
+    if hashlib.sha256(json.dumps(got["value"]).encode()).hexdigest() != got["sha256"]:
+        raise ValueError(entry)
+    return got["value"]
+
+
+def _keep(entry: Path, value) -> None:
+    """Written whole or not at all (a temporary file renamed), with its sha256; never an error."""
     tmp = None
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".tmp", delete=False) as f:
             tmp = f.name
-            json.dump(value, f)
+            json.dump({"value": value, "sha256": hashlib.sha256(json.dumps(value).encode()).hexdigest()}, f)
         os.replace(tmp, entry)
     except OSError:
         if tmp:
@@ -200,16 +206,12 @@ def stored(name: str, roots: tuple[str, ...], files: list[Path], compute, librar
             h.update(f"\0{lib} none".encode())
     for f in sorted(files):
         h.update(b"\0" + str(f.name).encode() + b"\0" + f.read_bytes())
-    key = h.hexdigest()
-    entry = _parse_cache().parent / "stored" / f"{name}-{key[:32]}.json"
+    entry = user_cache() / "stored" / f"{name}-{h.hexdigest()}.json"
     try:
-        got = json.loads(entry.read_text())
-        if hashlib.sha256(json.dumps(got["value"]).encode()).hexdigest() != got["sha256"] or got["key"] != key:
-            raise ValueError(entry)
-        return got["value"]
+        return _kept(entry)
     except (OSError, ValueError, KeyError, TypeError):
         value = json.loads(json.dumps(compute()))   # what a later read gives, also the first time
-        _store(entry, {"key": key, "value": value, "sha256": hashlib.sha256(json.dumps(value).encode()).hexdigest()})
+        _keep(entry, value)
         return value
 
 

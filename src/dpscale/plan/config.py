@@ -6,13 +6,12 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import os
 from pathlib import Path
 
 import yaml
 
 from dpscale.plan import cluster as dscluster
-from dpscale import registry
+from dpscale import provenance, registry
 
 SCHEMA = Path(__file__).resolve().parents[3] / "schemas" / "config.schema.yaml"
 # Where the per-device locks live unless locks.dir says (dpscale.run.devices takes them).
@@ -133,10 +132,7 @@ def resolve_cache(config: dict, env: dict | None = None) -> dict:
     """{"dir": the absolute root of the compilation caches (dpscale.run.caches)}: cache.dir,
     else $XDG_CACHE_HOME/dpscale, else ~/.cache/dpscale. Like resolve_locks, outside
     resolve() on purpose: the rules pass it as a resource, so moving it reruns nothing."""
-    env = os.environ if env is None else env
-    d = (config.get("cache") or {}).get("dir")
-    if not d:
-        d = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or "~").expanduser() / ".cache") / "dpscale"
+    d = (config.get("cache") or {}).get("dir") or provenance.user_cache(env)
     return {"dir": str(Path(d).expanduser().absolute())}
 
 
