@@ -25,6 +25,16 @@ pytestmark = [pytest.mark.workflow, pytest.mark.slow]   # a smoke run, then a ru
 
 CFG = ["--config", *SMALL, "ks=[1,2]", "experiments=[ddp_weak]", "forecast={bootstrap_draws: 20}"]
 TARGETS = [f"results/runs/ddp_weak/{v}/k{k}.json" for v in ("seed", "cached") for k in (1, 2)]
+# Where every planned result is measured again (a change that stales them all), the plan
+# is the k=1 half: the same decision per result, each job one rank and no torchrun
+# (a k=2 job costs twice the CPU of a k=1 job on the 2-core machine, and the fault tests'
+# share of command 2 is mostly these jobs). The cases that give each result its own
+# fault keep all four.
+K1 = [t for t in TARGETS if t.endswith("k1.json")]
+
+
+def only_k1(cfg: list[str]) -> list[str]:
+    return [c.replace("ks=[1,2]", "ks=[1]") for c in cfg]
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +213,7 @@ def test_deleted_truncated_failed_and_unsealed_results_are_measured_again(done, 
 @pytest.mark.parametrize("change", ["source edited", "protocol changed"])
 def test_a_result_of_other_code_or_another_protocol_is_measured_again_without_metadata(done, tmp_path, change):
     repo, cfg = copy_done(done, tmp_path / "repo")
+    cfg = only_k1(cfg)
     shutil.rmtree(repo / ".snakemake")
     old = {t: digest(repo, t) for t in TARGETS}
     if change == "source edited":
@@ -215,11 +226,13 @@ def test_a_result_of_other_code_or_another_protocol_is_measured_again_without_me
               "config.protocol.train_images 32 (plan: 64)"
     run = smk(repo, "--cores", "2", "report", *cfg)
     end = closing_lines(run)
-    assert "at this run's start 4 planned result(s)" in end and f"  {TARGETS[0]}: {why}" in end, end
-    for t in TARGETS:
+    assert "at this run's start 2 planned result(s)" in end and f"  {K1[0]}: {why}" in end, end
+    for t in K1:
         assert digest(repo, t) not in (None, old[t]), t
+    for t in set(TARGETS) - set(K1):   # not planned: left as they were, and not read
+        assert digest(repo, t) == old[t], t
     report = json.loads((repo / "results/report/plan.json").read_text())
-    assert report["read"] == {t.removeprefix("results/runs/"): digest(repo, t) for t in TARGETS}
+    assert report["read"] == {t.removeprefix("results/runs/"): digest(repo, t) for t in K1}
     shutil.rmtree(repo / ".snakemake")
     assert "Nothing to be done" in smk(repo, "-n", "--cores", "2", "report", *cfg).stdout
 
@@ -277,6 +290,7 @@ def test_results_of_another_version_copied_into_a_fresh_clone_are_taken_or_measu
 
 def test_the_disk_filling_during_a_forced_rerun_leaves_no_old_number_in_the_closing_lines(done, tmp_path):
     repo, cfg = copy_done(done, tmp_path / "repo")
+    cfg = only_k1(cfg)   # every planned job forced: the plan is the k=1 half (K1)
     runs = repo / "results/runs"
     saved = tmp_path / "runs"
     shutil.copytree(runs, saved)
