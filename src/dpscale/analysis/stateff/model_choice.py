@@ -23,6 +23,8 @@ from posterior draws this least-squares fit does not make).
 """
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from typing import Iterable
 
@@ -196,8 +198,18 @@ def residual(points: dict, batch, level: float = LEVEL, table: str = "", seed: i
 
 def next_residuals(points: dict, level: float = LEVEL, table: str = "") -> list[dict]:
     """Every "predict the next" residual of the mixture within `points`."""
+    frozen = tuple((B, tuple(points[B])) for B in sorted(points))
+    return copy.deepcopy(list(_next_residuals(frozen, level, table)))
+
+
+@functools.lru_cache(maxsize=32)
+def _next_residuals(frozen: tuple, level: float, table: str) -> tuple[dict, ...]:
+    # A function of its arguments alone (residual's draws are seeded), and misfit() asks
+    # it for the same points at every k of a forecast: a fifth of a report's text was
+    # these refits, repeated.
+    points = {B: list(vs) for B, vs in frozen}
     out = [residual(points, B, level, table) for B in sorted(points)]
-    return [r for r in out if r is not None]
+    return tuple(r for r in out if r is not None)
 
 
 def misfit(s: dict, batch: float) -> dict | None:
