@@ -113,7 +113,7 @@ def _recompressed(src: Path, dest: Path, alter: str | None = None) -> dict:
         unpacked[name] = hashlib.md5(body).hexdigest()
         if name == alter:
             body = body[:-1] + bytes([body[-1] ^ 1])   # one bit of one pixel
-        (dest / name).write_bytes(gzip.compress(body, compresslevel=1, mtime=1234))
+        (dest / name).write_bytes(gzip.compress(body, compresslevel=2, mtime=1234))
     return unpacked
 
 

@@ -191,12 +191,14 @@ def _from_folders(root, folders: list[str], resources, unpacked) -> dict | None:
 
 def write_idx_gz(path, array: np.ndarray) -> None:
     """IDX (the MNIST format): magic 0x0000_08_<ndim>, big-endian dims, uint8 data.
-    gzip with mtime=0 so the same array always gives the same bytes (checksums)."""
+    gzip with mtime=0 so the same array always gives the same bytes (checksums), at
+    level 1: what it writes is the synthetic stand-in, whose noise gzip's level 9 took
+    4x longer to shrink by a few percent."""
     import numpy as np
     array = np.ascontiguousarray(array, dtype=np.uint8)
     header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
     buf = io.BytesIO()
-    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=1) as gz:
         gz.write(header + array.tobytes())
     write_atomic(path, buf.getvalue())
 
@@ -246,17 +248,15 @@ def synthetic(n: int, seed: int, size: int = 28) -> tuple[np.ndarray, np.ndarray
         f, phase = tmpl_rng.uniform(2, 6), tmpl_rng.uniform(0, 2 * np.pi)
         img += 0.3 * (np.sin(2 * np.pi * f * (yy if tmpl_rng.random() < .5 else xx) + phase) > 0)
         templates.append(img / img.max())
-    templates = np.stack(templates)
     labels = rng.integers(0, CLASSES, n).astype(np.uint8)
     shifts = rng.integers(-2, 3, (n, 2))
-    gain = rng.uniform(0.7, 1.0, n)[:, None, None]
-    imgs = np.empty((n, size, size), np.float32)
-    for c in range(CLASSES):
-        idx = np.flatnonzero(labels == c)
-        imgs[idx] = templates[c]
-    for i in range(n):  # np.roll per sample: 70k small rolls take ~0.3 s
-        imgs[i] = np.roll(imgs[i], tuple(shifts[i]), axis=(0, 1))
-    imgs = imgs * gain + rng.normal(0, 0.08, imgs.shape)
+    gain = rng.uniform(0.7, 1.0, n).astype(np.float32)[:, None, None]
+    # each sample its class's template rolled by its shift (np.roll per sample, as one
+    # gather), in float32: the full 70,000 took 7.5 s in float64 with a loop of rolls
+    rows = (np.arange(size)[None, :] - shifts[:, :1]) % size
+    cols = (np.arange(size)[None, :] - shifts[:, 1:]) % size
+    imgs = np.stack(templates).astype(np.float32)[labels[:, None, None], rows[:, :, None], cols[:, None, :]]
+    imgs = imgs * gain + np.float32(0.08) * rng.standard_normal(imgs.shape, dtype=np.float32)
     return (np.clip(imgs, 0, 1) * 255).round().astype(np.uint8), labels
 
 
