@@ -23,7 +23,6 @@ from posterior draws this least-squares fit does not make).
 """
 from __future__ import annotations
 
-import copy
 import functools
 import math
 from typing import Iterable
@@ -179,10 +178,24 @@ def residual(points: dict, batch, level: float = LEVEL, table: str = "", seed: i
     seeds / measured)^2, the part the band already carries; leverage: the line's (how far
     the prediction reaches past its batches; the power law's would need its own
     sandwich, and the line's extrapolates the same distance). None where it cannot be."""
-    import numpy as np
     below = [B for B in sorted(points) if B < batch]
-    conv = [float(v) for v in points.get(batch, []) if reached(v)]
-    if len(below) < 2 or not conv:
+    if len(below) < 2:
+        return None
+    # What it reads, as a key (batch_misfit.residual's way): misfit() asks for the same
+    # residuals at every k of a forecast, and a table's rows again for those below them.
+    key = (tuple((B, tuple(points[B])) for B in below), batch, tuple(points.get(batch, ())))
+    r = _residual(key, level, seed)
+    return None if r is None else {"table": table, **r, "fit_batches": list(r["fit_batches"])}
+
+
+@functools.lru_cache(maxsize=4096)
+def _residual(key: tuple, level: float, seed: int) -> dict | None:
+    import numpy as np
+    below_vals, batch, at = key
+    points = {B: list(vals) for B, vals in below_vals}
+    below = list(points)
+    conv = [float(v) for v in at if reached(v)]
+    if not conv:
         return None
     try:
         s = choose(points, below, level)
@@ -190,26 +203,15 @@ def residual(points: dict, batch, level: float = LEVEL, table: str = "", seed: i
         return None
     d = _draw_seed_means(s, batch, len(conv), np.random.default_rng(seed), MIXTURE_DRAWS)
     m, mean = sum(conv) / len(conv), float(np.mean(d))
-    lev = (batch_misfit.leverage({B: points[B] for B in below}, s["fits"]["line"]["coef"], batch)
-           if "line" in s["fits"] else 0.0)
-    return {"table": table, "batch": batch, "fit_batches": list(below), "relative": (m - mean) / m,
+    lev = batch_misfit.leverage(points, s["fits"]["line"]["coef"], batch) if "line" in s["fits"] else 0.0
+    return {"batch": batch, "fit_batches": tuple(below), "relative": (m - mean) / m,
             "noise_var": (float(np.std(d)) / m) ** 2, "leverage": lev, "model": "mixture"}
 
 
 def next_residuals(points: dict, level: float = LEVEL, table: str = "") -> list[dict]:
     """Every "predict the next" residual of the mixture within `points`."""
-    frozen = tuple((B, tuple(points[B])) for B in sorted(points))
-    return copy.deepcopy(list(_next_residuals(frozen, level, table)))
-
-
-@functools.lru_cache(maxsize=32)
-def _next_residuals(frozen: tuple, level: float, table: str) -> tuple[dict, ...]:
-    # A function of its arguments alone (residual's draws are seeded), and misfit() asks
-    # it for the same points at every k of a forecast: a fifth of a report's text was
-    # these refits, repeated.
-    points = {B: list(vs) for B, vs in frozen}
     out = [residual(points, B, level, table) for B in sorted(points)]
-    return tuple(r for r in out if r is not None)
+    return [r for r in out if r is not None]
 
 
 def misfit(s: dict, batch: float) -> dict | None:
