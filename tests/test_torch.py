@@ -30,7 +30,7 @@ def ok(res):
 # two cores): both experiments share one worker, and what differs (the batch per rank, the
 # input path) is checked in each case.
 # warm: the protocol's warmup_steps (None: the book's warm-up epoch); 20 steps is more than
-# an epoch of the seed's DataLoader at k=2 (8 steps), so the warm-up goes round it.
+# an epoch of the seed's DataLoader at k=2 (4 steps), so the warm-up goes round it.
 @pytest.mark.parametrize("experiment, variant, k, warm", [
     ("ddp_weak", "seed", 1, None), ("ddp_weak", "cached", 2, 3), ("ddp_strong", "cached", 1, None),
     ("ddp_strong", "seed", 2, 20)])
@@ -42,8 +42,9 @@ def test_ddp_throughput(tiny_data, tmp_path, experiment, variant, k, warm):
     assert m["samples_per_s"] > 0 and len(m["per_rank"]) == k
     batch = 4 if experiment == "ddp_weak" else 8 // k
     assert m["per_rank_batch"] == batch and m["global_batch"] == batch * k
-    # every rank saw its own shard: 64 images / k ranks, whole batches only
-    assert all(r["samples"] == (64 // k // batch) * batch for r in m["per_rank"])
+    # every rank saw its own shard: TINY's images / k ranks, whole batches only
+    images = TINY["train_images"]
+    assert all(r["samples"] == (images // k // batch) * batch for r in m["per_rank"])
     assert res["data"]["source"] == "synthetic" and res["backend"] == "gloo"
     assert m["step_ms_p10"] <= m["step_ms_median"] <= m["step_ms_p90"]
     # repeats: every rank timed each of them; throughput per repeat from the slowest rank
