@@ -220,7 +220,7 @@ SNAKEMAKE = shutil.which("snakemake") or "snakemake"
 # the smoke scale's 32 px convolutions; the resize cache is then time to accuracy's too).
 # One warm-up step, not the book's warm-up epoch: no fault test is about the warm-up
 # (test_torch and test_jax are, with TINY), and the epoch cost a k=1 rank about 1 of its
-# 6-8 CPU-s (its DataLoader worker and 3 steps; docs/measurements/test-loop-reports_cpu2_2026-12-07.md).
+# 6-8 CPU-s (its DataLoader worker and 3 steps; docs/measurements/test-loop-floor_cpu2_2026-12-07.md).
 SMALL = ["scale=smoke", "scales={smoke: {train_images: 32, image_size: 16, warmup_steps: 1}}"]
 
 
