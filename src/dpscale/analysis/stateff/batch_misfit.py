@@ -81,13 +81,24 @@ def residual(points: dict, batch, weighting: str = "cv", level: float = LEVEL, t
     (stateff.holdout), or None where it cannot be (fewer than 2 below, a failed fit, no
     converged seed). Relative to the measured mean, as an error in percent is; `leverage`
     is the prediction's h (leverage())."""
+    key = held_out_key(points, batch)
+    return None if key is None else as_row(_residual(key, weighting, level), table)
+
+
+def held_out_key(points: dict, batch) -> tuple | None:
+    """What a "predict the next" residual reads, as a memo key: the batches below `batch`
+    with their seeds, the batch and its own seeds; None with fewer than 2 below. A table's
+    rows (convergence_check) each ask again for the residuals below them, and misfit()
+    for the same residuals at every k of a forecast: the same fits (this module's and
+    model_choice's residuals are memoised on it)."""
     below = [B for B in sorted(points) if B < batch]
     if len(below) < 2:
         return None
-    # What it reads, as a key: the batches below and the one predicted. A table's rows
-    # (convergence_check) each ask again for the residuals below them, the same fits.
-    key = (tuple((B, tuple(points[B])) for B in below), batch, tuple(points.get(batch, ())))
-    r = _residual(key, weighting, level)
+    return tuple((B, tuple(points[B])) for B in below), batch, tuple(points.get(batch, ()))
+
+
+def as_row(r: dict | None, table: str) -> dict | None:
+    """A memoised residual as its caller's own row (the memo's is shared, so copied)."""
     return None if r is None else {"table": table, **r, "fit_batches": list(r["fit_batches"])}
 
 

@@ -178,14 +178,8 @@ def residual(points: dict, batch, level: float = LEVEL, table: str = "", seed: i
     seeds / measured)^2, the part the band already carries; leverage: the line's (how far
     the prediction reaches past its batches; the power law's would need its own
     sandwich, and the line's extrapolates the same distance). None where it cannot be."""
-    below = [B for B in sorted(points) if B < batch]
-    if len(below) < 2:
-        return None
-    # What it reads, as a key (batch_misfit.residual's way): misfit() asks for the same
-    # residuals at every k of a forecast, and a table's rows again for those below them.
-    key = (tuple((B, tuple(points[B])) for B in below), batch, tuple(points.get(batch, ())))
-    r = _residual(key, level, seed)
-    return None if r is None else {"table": table, **r, "fit_batches": list(r["fit_batches"])}
+    key = batch_misfit.held_out_key(points, batch)
+    return None if key is None else batch_misfit.as_row(_residual(key, level, seed), table)
 
 
 @functools.lru_cache(maxsize=4096)
