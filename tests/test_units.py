@@ -286,16 +286,20 @@ def test_summary_quantiles():
 
 
 def test_watchdog_kills_the_whole_group(tmp_path):
-    """A child that ignores SIGTERM and a grandchild: both gone after the limit."""
-    from dpscale.run.watchdog import main
+    """A child that ignores SIGTERM and a grandchild: both gone after the limit. The
+    watchdog runs in its own process, as the workflow starts it (called in this worker
+    it forked from a process where an earlier test had started JAX's threads, and JAX
+    warned of a deadlock that no real job can meet)."""
     script = ("import os, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)")
     spec = {"experiment": "allreduce", "variant": "default", "k": 2, "backend": "gloo",
             "limit_s": 1.5, "grace_s": 0.5}
     t0 = time.monotonic()
-    rc = main(["--spec", json.dumps(spec), "--result", str(tmp_path / "r.json"), "--rank-logs",
-               str(tmp_path / "r.log.ranks"), "--lock-dir", str(tmp_path / "locks"), "--", sys.executable, "-c", script])
-    assert rc == 0 and time.monotonic() - t0 < 15
+    p = subprocess.run([sys.executable, str(ROOT / "scripts/watchdog.py"), "--spec", json.dumps(spec),
+                        "--result", str(tmp_path / "r.json"), "--rank-logs", str(tmp_path / "r.log.ranks"),
+                        "--lock-dir", str(tmp_path / "locks"), "--", sys.executable, "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and time.monotonic() - t0 < 15, p.stderr[-2000:]
     r = json.loads((tmp_path / "r.json").read_text())
     assert r["status"] == "hung" and r["stray_processes"] is False
 
