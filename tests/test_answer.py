@@ -191,3 +191,42 @@ def test_the_first_figure_names_in_its_legend_only_what_it_drew():
         said = keys(fig)
         for start, mark in drawn.items():
             assert any(t.startswith(start) for t in said) == mark, (start, mark, said)
+
+
+def _point(k, run, sps, speedup=None, speedup_train=None):
+    """A scored time-to-accuracy point as report.tta.timing leaves it (the keys the
+    verdict reads): speed-ups as (value, lo, hi) or None where an input was missing."""
+    p = {"k": k, "run": run, "scored": True, "samples_per_s": sps, "seeds": [{"launches": 1}] * 3,
+         "measurements": [{"label": "latest (runs/)", "pooled": True}]}
+    for key, v in (("speedup", speedup), ("speedup_train", speedup_train)):
+        val, lo, hi = v or (None, None, None)
+        p.update({key: val, f"{key}_lo": lo, f"{key}_hi": hi})
+    from dpscale.report.tta import verdict
+    p["verdict"] = verdict(p["speedup_lo"], p["speedup_hi"]) if speedup else "not measured"
+    p["verdict_train"] = verdict(p["speedup_train_lo"], p["speedup_train_hi"]) if speedup_train else "not measured"
+    p["measurements"][0].update(verdict=p["verdict"], verdict_train=p["verdict_train"])   # one measurement: the pool
+    return p
+
+
+def test_a_k_without_samples_per_s_says_which_input_is_missing_and_the_others_keep_the_clock():
+    """Issue #52, point 5 (a missing input is said, never answered), as a 2-core CPU box
+    prints it: its emulated k=4 point reached the target in samples, but nothing measured
+    samples/s at k=4 there. That k says so; k=2, which has both forms, keeps the clock form
+    (it fell back to training only for every k, and k=4 read 'not measured')."""
+    from types import SimpleNamespace
+
+    from dpscale.report.chapters.answer import verdict_text
+    m = SimpleNamespace(kind="run", label="this run", scale="paper", data_sources=lambda: ["real"])
+    rows = [{"k": 1, "point": _point(1, "real DDP", 100.0, (1.0, None, None), (1.0, None, None))},
+            {"k": 2, "point": _point(2, "real DDP", 150.0, (0.92, 0.27, 2.38), (0.91, 0.27, 2.36))},
+            {"k": 4, "point": _point(4, "emulated", None)}]
+    text = verdict_text({"rule": {"target": 0.2}, "rows": rows, "machine": m})
+    assert "k=2 (real DDP) not distinguishable: 0.92x [0.27, 2.38] with evaluation on the clock, " \
+           "0.91x [0.27, 2.36] training only" in text, text
+    assert "k=4 (emulated): no time to accuracy, no samples/s at k=4 on this machine" in text, text
+    assert "not measured" not in text
+    rows[0]["point"]["samples_per_s"] = None   # no k=1 rate: no k has a time, each says why
+    for r in rows[1:]:
+        r["point"].update(_point(r["k"], r["point"]["run"], r["point"]["samples_per_s"]))
+    text = verdict_text({"rule": {"target": 0.2}, "rows": rows, "machine": m})
+    assert text.count("no time to accuracy, no samples/s at k=1 on this machine") == 2, text

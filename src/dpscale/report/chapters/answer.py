@@ -203,10 +203,16 @@ def verdict_text(o: dict) -> str | None:
     ks = [r["point"] for r in o["rows"] if r["k"] > 1 and r["point"] and r["point"]["scored"]]
     if not rule or not ks:
         return None
-    clock = all(p.get("speedup") is not None for p in ks)
+    # A k without a time (no samples/s there, or none at k=1) says why and does not
+    # take the clock form from the k's that have one.
+    timed = [p for p in ks if p.get("speedup_train") is not None]
+    clock = bool(timed) and all(p.get("speedup") is not None for p in timed)
     key, form = ("speedup", tta.CLOCK) if clock else ("speedup_train", tta.TRAIN)
     parts = []
     for p in ks:
+        if p.get("speedup_train") is None:
+            parts.append(f"k={p['k']} ({p['run']}): no time to accuracy, {no_time_reason(o, p)}")
+            continue
         v = p["verdict"] if clock else p["verdict_train"]
         n = sum(s.get("launches", 1) for s in p["seeds"])
         pooled = [x for x in p["measurements"] if x["pooled"]]
@@ -220,6 +226,18 @@ def verdict_text(o: dict) -> str | None:
         parts.append(part)
     return (f"{who(o['machine'])}: will k GPUs reach {rule['target']:.0%} sooner than one? Time to accuracy "
             f"against k=1, 95% over seeds: " + "; ".join(parts) + caveat(o["machine"]))
+
+
+def no_time_reason(o: dict, p: dict) -> str:
+    """Why a scored point has no time to accuracy against k=1: the input it lacks."""
+    base = next((r["point"] for r in o["rows"] if r["k"] == 1), None)
+    if not base or not base.get("seeds"):
+        return "no k=1 time to accuracy on this machine to compare with"
+    if base.get("samples_per_s") is None:
+        return "no samples/s at k=1 on this machine"
+    if p.get("samples_per_s") is None:
+        return f"no samples/s at k={p['k']} on this machine (its samples to the target are measured)"
+    return "no ratio over the seeds"
 
 
 def headline(o: dict) -> str:
