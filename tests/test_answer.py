@@ -230,3 +230,31 @@ def test_a_k_without_samples_per_s_says_which_input_is_missing_and_the_others_ke
         r["point"].update(_point(r["k"], r["point"]["run"], r["point"]["samples_per_s"]))
     text = verdict_text({"rule": {"target": 0.2}, "rows": rows, "machine": m})
     assert text.count("no time to accuracy, no samples/s at k=1 on this machine") == 2, text
+
+
+def test_a_two_core_run_draws_its_first_figure_over_the_k_it_measured(tmp_path):
+    """A 2-core CPU smoke run as the README's command 1 leaves it: time to accuracy at k=1
+    and 2 real and at k=4 emulated (which reached the target in samples), and no
+    weak-scaling series at its protocol (the smoke's throughput runs at 32 px, time to
+    accuracy at 16), so samples/s is the launches' own and k=4 has none. The first figure
+    spans the k=1, 2 it drew (a row without a mark stretched it to k=4 here, and on the
+    real run to the forecast's k=128), and the answer's verdict says what k=4 lacks."""
+    import shutil
+
+    from report_fixtures import BOOK, write_cpu_smoke
+
+    from dpscale import report
+    from dpscale.report.chapters.answer import opening, verdict_text
+    from dpscale.report.figures.answer import answer
+    from dpscale.results import write_json_atomic
+    from conftest import CPU_FP
+    runs, fp = tmp_path / "results" / "runs", tmp_path / "fingerprint.json"
+    targets = [t for t in write_cpu_smoke(runs) if "/ddp_weak/" not in t]
+    shutil.rmtree(runs / "ddp_weak")
+    write_json_atomic(fp, CPU_FP)
+    data = report.load(runs, fp, targets, [], BOOK)
+    ax = answer(data).axes[0]
+    assert ax.get_xlim()[1] < 4, ax.get_xlim()
+    assert max(x for line in ax.get_lines() for x in line.get_xdata()) < 4
+    text = verdict_text(opening(data, data.current))
+    assert "k=4 (emulated): no time to accuracy, no samples/s at k=4 on this machine" in text, text

@@ -68,6 +68,15 @@ def _tta(ax, rows: list[dict], color: str, kinds: set) -> bool:
     return bool(pts or pred)
 
 
+def _tta_drawn(r: dict) -> bool:
+    """Whether _tta drew a mark at this row's k: a measured speed-up, a no-score mark, or a
+    predicted one (a forecast row without a value, or a point without samples/s, draws
+    nothing and must not stretch the axis: a 2-core box's emulated k=4 did, to k=128)."""
+    p = r["point"]
+    return bool(p and (p.get("speedup_train") is not None or not p["scored"])) or any(
+        (r[key] or {}).get("speedup") is not None for key in ("predicted", "predicted_train"))
+
+
 def _soonest(ax, rec: dict, color: str) -> bool:
     """A star on the predicted speed-up where the target is reached soonest."""
     rule = rec["rules"].get(rec["primary"]) or {}
@@ -159,7 +168,7 @@ def _draw(data: ReportData, machines: list):
             tta_kinds.add("measured")   # the first key names the measure whenever any of it was drawn
             if _soonest(ax, rec, color):
                 tta_kinds.add("soonest")
-            drawn |= {r["k"] for r in rows if r["point"] or r["predicted"]}
+            drawn |= {r["k"] for r in rows if _tta_drawn(r)}
         if drawn:
             used.append(m)
             ks |= drawn
