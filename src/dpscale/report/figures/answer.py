@@ -37,8 +37,11 @@ def _throughput(ax, rows: list[dict], color: str, forecast: bool) -> tuple[set, 
     return {p["k"] for p in meas} | ({p["k"] for p in fc} if drew_fc else set()), drew_fc
 
 
-def _tta(ax, rows: list[dict], color: str, kinds: set) -> bool:
-    """Draws this machine's time to accuracy; adds to `kinds` what it drew (the legend's keys)."""
+def _tta(ax, rows: list[dict], color: str, kinds: set) -> tuple[set, bool]:
+    """Draws this machine's time to accuracy; adds to `kinds` what it drew (the legend's
+    keys). Returns (the k it marked, whether it drew a measured or predicted speed-up): a
+    forecast row without a value, or a point without samples/s, marks nothing and must
+    not stretch the axis (a 2-core box's emulated k=4 did, to k=128)."""
     pts = [r["point"] for r in rows if r["point"] and r["point"].get("speedup_train") is not None]
     for p in pts:
         for key, marker, dx in (("speedup", "s", 1.0), ("speedup_train", "^", 1.06)):
@@ -63,18 +66,10 @@ def _tta(ax, rows: list[dict], color: str, kinds: set) -> bool:
     if len(train) > 1:
         _band_line(ax, train, color, ":", lw=1.3, band=False)
         kinds.add("predicted_train")
-    for slot, r in enumerate(r for r in rows if r["point"] and not r["point"]["scored"]):
+    unscored = [r for r in rows if r["point"] and not r["point"]["scored"]]
+    for slot, r in enumerate(unscored):
         kit.mark_missing(ax, r["k"], f"k={r['k']}: no score", color, slot)
-    return bool(pts or pred)
-
-
-def _tta_drawn(r: dict) -> bool:
-    """Whether _tta drew a mark at this row's k: a measured speed-up, a no-score mark, or a
-    predicted one (a forecast row without a value, or a point without samples/s, draws
-    nothing and must not stretch the axis: a 2-core box's emulated k=4 did, to k=128)."""
-    p = r["point"]
-    return bool(p and (p.get("speedup_train") is not None or not p["scored"])) or any(
-        (r[key] or {}).get("speedup") is not None for key in ("predicted", "predicted_train"))
+    return {x["k"] for x in pts + pred + train + unscored}, bool(pts or pred)
 
 
 def _soonest(ax, rec: dict, color: str) -> bool:
@@ -164,11 +159,12 @@ def _draw(data: ReportData, machines: list):
         rec = recs.get(id(m))
         drawn, drew_fc = _throughput(ax, rows, color, forecast=rec is not None)
         with_fc |= drew_fc
-        if rec is not None and _tta(ax, rows, color, tta_kinds):
+        marked, drew_tta = _tta(ax, rows, color, tta_kinds) if rec is not None else (set(), False)
+        if drew_tta:
             tta_kinds.add("measured")   # the first key names the measure whenever any of it was drawn
             if _soonest(ax, rec, color):
                 tta_kinds.add("soonest")
-            drawn |= {r["k"] for r in rows if _tta_drawn(r)}
+            drawn |= marked
         if drawn:
             used.append(m)
             ks |= drawn
