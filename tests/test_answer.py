@@ -215,7 +215,7 @@ def test_a_k_without_samples_per_s_says_which_input_is_missing_and_the_others_ke
     (it fell back to training only for every k, and k=4 read 'not measured')."""
     from types import SimpleNamespace
 
-    from dpscale.report.chapters.answer import verdict_text
+    from dpscale.report.chapters.answer import headline, verdict_text
     m = SimpleNamespace(kind="run", label="this run", scale="paper", data_sources=lambda: ["real"])
     rows = [{"k": 1, "point": _point(1, "real DDP", 100.0, (1.0, None, None), (1.0, None, None))},
             {"k": 2, "point": _point(2, "real DDP", 150.0, (0.92, 0.27, 2.38), (0.91, 0.27, 2.36))},
@@ -225,6 +225,10 @@ def test_a_k_without_samples_per_s_says_which_input_is_missing_and_the_others_ke
            "0.91x [0.27, 2.36] training only" in text, text
     assert "k=4 (emulated): no time to accuracy, no samples/s at k=4 on this machine" in text, text
     assert "not measured" not in text
+    head = headline({"rule": {"target": 0.2, "rule": "linear"}, "rows": rows, "machine": m, "predicted": None,
+                     "variant": None})
+    assert "k=4 (emulated): no time to accuracy, no samples/s at k=4 on this machine" in head, head
+    assert "–" not in head, head   # it printed '– training only, – with evaluation on the clock'
     rows[0]["point"]["samples_per_s"] = None   # no k=1 rate: no k has a time, each says why
     for r in rows[1:]:
         r["point"].update(_point(r["k"], r["point"]["run"], r["point"]["samples_per_s"]))

@@ -244,14 +244,22 @@ def headline(o: dict) -> str:
     """A machine's answer in one sentence: the measured speed-ups in both forms, the soonest k predicted."""
     m, rule = o["machine"], o["rule"]
     ks = [r for r in o["rows"] if r["k"] > 1 and r["point"]]
-    done = "; ".join(f"k={r['k']} ({r['point']['run']}): " + (
-        f"{x_text(r['point'], 'speedup_train')} {tta.TRAIN}, {x_text(r['point'], 'speedup')} with {tta.CLOCK}"
-        if r["point"]["scored"] else no_score_text(r["point"])) for r in ks)
+    done = "; ".join(f"k={r['k']} ({r['point']['run']}): " + _measured(o, r["point"]) for r in ks)
     pr = o["predicted"]
     return (f"{who(m)}, to {rule['target']:.0%} test accuracy ({rule['rule']} LR; {step_words(o)}; "
             f"{tta.protocol_words(rule)}): time to accuracy against k=1, measured: {done}" + (f"; predicted soonest: k={pr['soonest']['k']} (in "
                                                 f"{pr['soonest']['predicted']['p_fastest']:.0%} of the draws)"
                                                 if pr else "") + caveat(m))
+
+
+def _measured(o: dict, p: dict) -> str:
+    """A k's measured time-to-accuracy speed-up in both forms, or why it has none."""
+    if not p["scored"]:
+        return no_score_text(p)
+    if p.get("speedup_train") is None:
+        return f"no time to accuracy, {no_time_reason(o, p)}"
+    clock = x_text(p, 'speedup') if p.get("speedup") is not None else "not measured"
+    return f"{x_text(p, 'speedup_train')} {tta.TRAIN}, {clock} with {tta.CLOCK}"
 
 
 def caveat(m: Machine) -> str:
