@@ -58,7 +58,7 @@ def free_port() -> int:
 
 
 # Under pytest-xdist (`-n 2`, the README's test command) a worker takes a whole module
-# (LoadFileScheduling: a module's fixtures, such as test_reliability's six hung jobs or
+# (LoadFileScheduling: a module's fixtures, such as test_reliability's five hung jobs or
 # test_slurm's pipeline, are built once, not once per worker), and the modules go out in
 # the order below, not xdist's default of most tests first: the costliest tiers first
 # (a real SLURM, the smoke pipelines, the multi-process ones, then those that build whole
@@ -180,14 +180,19 @@ def run_job(spec: dict, out_dir: Path, fault: str = "", timeout: float = 240,
     return rc, res, log.read_text()
 
 
-# Every experiment that runs under torchrun: its crash and hang cases (test_reliability.py).
-TORCHRUN_EXPERIMENTS = ["ddp_weak", "ddp_strong", "ddp_comm_probe", "allreduce", "ddp_bucket_sweep", "fsdp"]
+# The crash and hang cases (test_reliability.py): one torchrun experiment per loop a rank
+# can stop in (each calls Ctx.maybe_fault there). ddp_strong is not among them: it runs
+# ddp_weak's loop (torch_ddp.exp_ddp, strong=True only sizes the batch), so its cases
+# repeated ddp_weak's at 20 CPU-s of command 2. test_reliability checks the list against
+# the registry.
+FAULT_EXPERIMENTS = ["ddp_weak", "ddp_comm_probe", "allreduce", "ddp_bucket_sweep", "fsdp"]
+SAME_LOOP = {"ddp_strong": "ddp_weak"}
 
 
 class CrashedRuns:
     """Jobs at k=2 whose rank 1 raises at its first step (DPSCALE_FAULT=crash:rank=1),
     each run once a session, when a test first asks for it: test_reliability.py checks
-    all six, test_torch.py reads ddp_weak's. (rc, result, log) as run_job returns them;
+    FAULT_EXPERIMENTS, test_torch.py reads ddp_weak's. (rc, result, log) as run_job returns them;
     the job's files are under folder(experiment)."""
 
     def __init__(self, tiny_data: Path, root: Path):
@@ -242,9 +247,20 @@ def primed(tmp_path_factory) -> Path:
     resize, the FLOP count), with Snakemake's records of it. The fault tests' workflows
     start from a copy of it (copy_primed) and plan the measurements and the report only:
     each ran those jobs again (~13 s; through SLURM ~33 s a job) and none is about them.
-    test_workflow.py runs the data stage in a fresh copy."""
-    repo = copy_repo(tmp_path_factory.mktemp("primed"))
-    smk(repo, "--cores", "2", "results/data/fmnist_16px.npz", "results/model/flops_16px.json", "--config", *SMALL)
+    test_workflow.py runs the data stage in a fresh copy. Under pytest-xdist the workers
+    share one (as `built`): the first to ask runs it under a file lock in their common
+    base folder, the other takes it when the lock is free."""
+    import filelock
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    repo = shared / "primed"
+    with filelock.FileLock(str(shared / "primed.lock")):
+        if not (shared / "primed.done").exists():
+            shutil.rmtree(repo, ignore_errors=True)   # a worker that died while priming
+            repo.mkdir()
+            copy_repo(repo)
+            smk(repo, "--cores", "2", "results/data/fmnist_16px.npz", "results/model/flops_16px.json", "--config", *SMALL)
+            (shared / "primed.done").touch()
     return repo
 
 
