@@ -58,7 +58,7 @@ def free_port() -> int:
 
 
 # Under pytest-xdist (`-n 2`, the README's test command) a worker takes a whole module
-# (LoadFileScheduling: a module's fixtures, such as test_reliability's five hung jobs or
+# (LoadFileScheduling: a module's fixtures, such as test_reliability's four hung jobs or
 # test_slurm's pipeline, are built once, not once per worker), and the modules go out in
 # the order below, not xdist's default of most tests first: the costliest tiers first
 # (a real SLURM, the smoke pipelines, the multi-process ones, then those that build whole
@@ -180,13 +180,15 @@ def run_job(spec: dict, out_dir: Path, fault: str = "", timeout: float = 240,
     return rc, res, log.read_text()
 
 
-# The crash and hang cases (test_reliability.py): one torchrun experiment per loop a rank
-# can stop in (each calls Ctx.maybe_fault there). ddp_strong is not among them: it runs
-# ddp_weak's loop (torch_ddp.exp_ddp, strong=True only sizes the batch), so its cases
-# repeated ddp_weak's at 20 CPU-s of command 2. test_reliability checks the list against
-# the registry.
-FAULT_EXPERIMENTS = ["ddp_weak", "ddp_comm_probe", "allreduce", "ddp_bucket_sweep", "fsdp"]
-SAME_LOOP = {"ddp_strong": "ddp_weak"}
+# The crash and hang cases (test_reliability.py): one torchrun experiment per function a
+# rank can be stopped in (where it calls Ctx.maybe_fault("step")), and FSDP's and DDP's
+# collectives both left waiting. The others reach the same function as the one they name
+# here (test_reliability checks both against the registry): ddp_strong runs ddp_weak's
+# epoch (torch_ddp.exp_ddp, strong=True only sizes the batch), ddp_bucket_sweep times its
+# steps in fsdp's loop (torch_job.timed_steps) with DDP's all-reduce, which ddp_weak's
+# case leaves waiting. Their cases repeated those at 45 CPU-s of command 2.
+FAULT_EXPERIMENTS = ["ddp_weak", "ddp_comm_probe", "allreduce", "fsdp"]
+SAME_LOOP = {"ddp_strong": "ddp_weak", "ddp_bucket_sweep": "fsdp"}
 
 
 class CrashedRuns:

@@ -212,6 +212,11 @@ def test_deleted_truncated_failed_and_unsealed_results_are_measured_again(done, 
 
 @pytest.mark.parametrize("change", ["source edited", "protocol changed"])
 def test_a_result_of_other_code_or_another_protocol_is_measured_again_without_metadata(done, tmp_path, change):
+    """Both cases plan the k=1 half again and say why in a dry run; the protocol change is
+    then measured. An edited source is planned by the same path (dpscale.plan.replan's
+    stale result), and a real run over results of other code is measured in
+    test_results_of_another_version_copied_into_a_fresh_clone_... below, so here it stops
+    at the plan (a real run repeated two jobs and a report, 27 CPU-s of command 2)."""
     repo, cfg = copy_done(done, tmp_path / "repo")
     cfg = only_k1(cfg)
     shutil.rmtree(repo / ".snakemake")
@@ -224,6 +229,13 @@ def test_a_result_of_other_code_or_another_protocol_is_measured_again_without_me
         cfg = [c.replace("train_images: 32", "train_images: 64") for c in cfg]
         why = "stale: measured with another protocol or on another machine than the plan's: " \
               "config.protocol.train_images 32 (plan: 64)"
+    before = tree(repo / "results")
+    dry = smk(repo, "-n", "--cores", "2", "report", *cfg)
+    assert job_counts(dry.stdout).get("ddp_weak") == 2, dry.stdout[-3000:]
+    assert all(f"{t}: {why}" in dry.stdout + dry.stderr for t in K1), (dry.stdout + dry.stderr)[-3000:]
+    assert tree(repo / "results") == before, "a dry run wrote under results/"
+    if change == "source edited":
+        return
     run = smk(repo, "--cores", "2", "report", *cfg)
     end = closing_lines(run)
     assert "at this run's start 2 planned result(s)" in end and f"  {K1[0]}: {why}" in end, end

@@ -325,23 +325,36 @@ def test_a_lock_folder_on_a_full_disk_is_one_line_naming_it_and_locks_dir(tmp_pa
 
 # ---------------------------------------------------------------- 7. ranks that hang (started with the first test)
 
-def test_the_fault_cases_cover_every_loop_and_name_registry_experiments():
-    """FAULT_EXPERIMENTS (conftest) are torch experiments of the registry, and each one
-    SAME_LOOP leaves out runs the loop of the one it names: its entry calls the same
-    function as that one's (a rewrite giving ddp_strong a loop of its own fails here)."""
+def fault_sites(fn, seen=None) -> set[str]:
+    """The functions that inject a fault at a step (`ctx.maybe_fault("step")`) which `fn`
+    reaches, by the names it calls, within dpscale.measure."""
     import inspect
+    seen = set() if seen is None else seen
+    if fn in seen:
+        return set()
+    seen.add(fn)
+    src = inspect.getsource(fn)
+    out = {f"{fn.__module__}.{fn.__qualname__}"} if 'maybe_fault("step")' in src else set()
+    for name in set(re.findall(r"\b(\w+)\(", src)):
+        g = fn.__globals__.get(name)
+        if inspect.isfunction(g) and g.__module__.startswith("dpscale.measure") and g is not fn:
+            out |= fault_sites(g, seen)
+    return out
 
+
+def test_the_fault_cases_reach_every_place_a_rank_can_stop():
+    """FAULT_EXPERIMENTS (conftest) reach every function where a torch experiment's rank
+    can be made to crash or hang, and each experiment SAME_LOOP leaves out reaches the same
+    ones as the experiment it names (a rewrite giving it a loop of its own fails here)."""
     from conftest import SAME_LOOP
 
     from dpscale import registry
-    torch_names = set(registry.names("torch"))
-    assert set(FAULT_EXPERIMENTS) <= torch_names and set(SAME_LOOP) <= torch_names
-    for left_out, covered in SAME_LOOP.items():
-        assert covered in FAULT_EXPERIMENTS
-
-        def calls(name):
-            return set(re.findall(r"(?<!def )\b(\w+)\(ctx", inspect.getsource(registry.entry_point(name))))
-        assert calls(left_out) == calls(covered) and calls(left_out), (left_out, calls(left_out), calls(covered))
+    sites = {e: fault_sites(registry.entry_point(e)) for e in registry.names("torch")}
+    covered = set().union(*(sites[e] for e in FAULT_EXPERIMENTS))
+    assert all(sites[e] for e in FAULT_EXPERIMENTS), sites
+    assert set().union(*sites.values()) == covered, {e: v - covered for e, v in sites.items() if v - covered}
+    for left_out, same in SAME_LOOP.items():
+        assert same in FAULT_EXPERIMENTS and sites[left_out] == sites[same], (left_out, sites[left_out], sites[same])
 
 
 # The hang cases run last in this module but start with its first test: each job mostly
@@ -389,6 +402,6 @@ def test_rank_hang_is_recorded_within_limit(hung_runs, experiment):
     assert rc == 0, log
     assert res["status"] == "hung" and res["stray_processes"] is False
     assert res["metrics"]["hung_after_s"] <= HANG_LIMIT_S + 1
-    # torch start-up of 10 processes on shared cores, teardown and grace included
+    # torch start-up of 8 processes beside the module's other tests, teardown and grace included
     assert elapsed < HANG_LIMIT_S + grace + 60
     assert "hangs at step" in (root / experiment / "k.rank1.log").read_text()
