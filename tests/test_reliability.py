@@ -1,5 +1,6 @@
 """The fault battery: bad configs, a killed run, corrupted inputs, ranks that die
-or hang in every torchrun experiment, concurrency, and an unwritable disk. Each
+or hang in every place a torchrun experiment's rank can stop (conftest's
+FAULT_EXPERIMENTS), concurrency, and an unwritable disk. Each
 case here is a row of the README's table of faults."""
 from __future__ import annotations
 
