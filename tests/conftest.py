@@ -120,6 +120,13 @@ def tiny_data(tmp_path_factory):
     return root
 
 
+def workers_folder(tmp_path_factory) -> Path:
+    """The folder every pytest-xdist worker of this session sees (their base folders'
+    parent); without xdist, the session's own base folder."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
     """The report of tests/report_fixtures.py's results, built once a session (~15 s):
@@ -128,8 +135,7 @@ def built(tmp_path_factory):
     base folder under a file lock, the other reads what it returned (built.json)."""
     import filelock
     from report_fixtures import build_fixture
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    shared = workers_folder(tmp_path_factory)
     record = shared / "built.json"
     with filelock.FileLock(str(shared / "built.lock")):
         if record.exists():
@@ -191,6 +197,11 @@ FAULT_EXPERIMENTS = ["ddp_weak", "ddp_comm_probe", "allreduce", "fsdp"]
 SAME_LOOP = {"ddp_strong": "ddp_weak", "ddp_bucket_sweep": "fsdp"}
 
 
+def fault_variant(experiment: str) -> str:
+    """The variant a fault case runs: the resize cache for DDP's throughput, else default."""
+    return "cached" if experiment == "ddp_weak" else "default"
+
+
 class CrashedRuns:
     """Jobs at k=2 whose rank 1 raises at its first step (DPSCALE_FAULT=crash:rank=1),
     each run once a session, when a test first asks for it: test_reliability.py checks
@@ -205,9 +216,7 @@ class CrashedRuns:
 
     def __getitem__(self, experiment: str):
         if experiment not in self.done:
-            variant = ("cached" if experiment.startswith("ddp_") and "probe" not in experiment
-                       and "sweep" not in experiment else "default")
-            spec = make_spec(self.tiny_data, experiment, 2, variant, inputs={"allreduce": {}})
+            spec = make_spec(self.tiny_data, experiment, 2, fault_variant(experiment), inputs={"allreduce": {}})
             self.done[experiment] = run_job(spec, self.folder(experiment), fault="crash:rank=1")
         return self.done[experiment]
 
@@ -253,8 +262,7 @@ def primed(tmp_path_factory) -> Path:
     share one (as `built`): the first to ask runs it under a file lock in their common
     base folder, the other takes it when the lock is free."""
     import filelock
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    shared = workers_folder(tmp_path_factory)
     repo = shared / "primed"
     with filelock.FileLock(str(shared / "primed.lock")):
         if not (shared / "primed.done").exists():

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (CPU_FP, ROOT, SMALL, SNAKEMAKE, FAULT_EXPERIMENTS, copy_primed, copy_repo, env_with_src,
-                      local_env, make_spec, run_job, smk)
+from conftest import (CPU_FP, FAULT_EXPERIMENTS, ROOT, SMALL, SNAKEMAKE, copy_primed, copy_repo, env_with_src,
+                      fault_variant, local_env, make_spec, run_job, smk)
 
 from dpscale import results
 from dpscale.data import load as dload, resize as dresize
@@ -379,8 +379,7 @@ def hangs_started(request, tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("hangs")
 
     def one(experiment):
-        variant = "cached" if experiment == "ddp_weak" else "default"
-        spec = make_spec(tiny_data, experiment, 2, variant, limit_s=HANG_LIMIT_S, inputs={"allreduce": {}})
+        spec = make_spec(tiny_data, experiment, 2, fault_variant(experiment), limit_s=HANG_LIMIT_S, inputs={"allreduce": {}})
         t0 = time.monotonic()
         rc, res, log = run_job(spec, root / experiment, fault="hang:rank=1")
         return rc, res, log, time.monotonic() - t0, spec["grace_s"]

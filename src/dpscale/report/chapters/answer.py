@@ -211,7 +211,7 @@ def verdict_text(o: dict) -> str | None:
     parts = []
     for p in ks:
         if p.get("speedup_train") is None:
-            parts.append(f"k={p['k']} ({p['run']}): no time to accuracy, {no_time_reason(o, p)}")
+            parts.append(f"k={p['k']} ({p['run']}): {no_time_text(o, p)}")
             continue
         v = p["verdict"] if clock else p["verdict_train"]
         n = sum(s.get("launches", 1) for s in p["seeds"])
@@ -226,6 +226,11 @@ def verdict_text(o: dict) -> str | None:
         parts.append(part)
     return (f"{who(o['machine'])}: will k GPUs reach {rule['target']:.0%} sooner than one? Time to accuracy "
             f"against k=1, 95% over seeds: " + "; ".join(parts) + caveat(o["machine"]))
+
+
+def no_time_text(o: dict, p: dict) -> str:
+    """A scored point without a time to accuracy against k=1, as the verdict and the headline say it."""
+    return f"no time to accuracy, {no_time_reason(o, p)}"
 
 
 def no_time_reason(o: dict, p: dict) -> str:
@@ -257,7 +262,7 @@ def _measured(o: dict, p: dict) -> str:
     if not p["scored"]:
         return no_score_text(p)
     if p.get("speedup_train") is None:
-        return f"no time to accuracy, {no_time_reason(o, p)}"
+        return no_time_text(o, p)
     clock = x_text(p, 'speedup') if p.get("speedup") is not None else "not measured"
     return f"{x_text(p, 'speedup_train')} {tta.TRAIN}, {clock} with {tta.CLOCK}"
 
