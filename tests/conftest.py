@@ -282,7 +282,7 @@ def copy_primed(primed: Path, dest: Path, machines: bool = True) -> Path:
     report then draws this run and the book, and takes a third of the CPU (42 -> 13 s on
     the 2-core machine, docs/measurements/test-loop_2026-12-06.md). For the tests whose
     subject is the workflow's faults and plans, not the comparison; those that read
-    another machine's numbers (test_summary, test_workflow, test_report) keep them."""
+    another machine's numbers (test_workflow, test_report) keep them."""
     root = Path(primed) / "reference"
 
     def ignore(folder, names):

@@ -4,8 +4,8 @@
   process of the measurement is gone within seconds, and the plain rerun completes.
 - One file lock per device: a measurement whose devices are taken waits, then
   records `failed: devices busy` naming the holder.
-- A crashed job leaves a `failed` record that the report shows; a plain rerun
-  retries that job only.
+- A crashed job leaves a `failed` record that the report shows, and the run's last
+  lines name it; a plain rerun retries that job only.
 - A hung NCCL job names its collective and the ranks that never arrived (the
   flight recorder's dumps, here synthetic: no GPU in CI).
 """
@@ -29,6 +29,7 @@ from dpscale.plan import config
 from dpscale.plan import specs
 from dpscale.run import devices, flight, joblogs, lifeline
 from dpscale import results
+from dpscale.report import summary
 
 WATCHDOG = str(ROOT / "scripts/watchdog.py")
 
@@ -383,12 +384,21 @@ def status_rows(repo: Path) -> dict[str, dict]:
 @pytest.mark.workflow
 @pytest.mark.slow
 def test_a_crashed_job_is_reported_and_a_plain_rerun_retries_it_only(primed, tmp_path):
+    """Two k=2 jobs, one made to crash. The first run's last lines (test_summary.py checks
+    their text from a report's): after Snakemake's own, the answer, what failed with its
+    log, and the report's path, last."""
     repo = copy_primed(primed, tmp_path / "repo", machines=False)
     cfg = workflow_config(tmp_path)
     victim = "ddp_weak/cached/k2"
     fault = {**os.environ, "DPSCALE_FAULT": f"crash:rank=1:job={victim}"}
     first = smk(repo, "--cores", "2", "report", *cfg, env=fault)
     assert "1 measurement(s) failed or hung" in first.stdout + first.stderr, first.stderr[-3000:]
+    err = first.stderr.rstrip("\n").splitlines()
+    assert err[-1] == f"report: {(repo / 'results/report/report.html').resolve()}", err[-30:]
+    tail = "\n".join(err[-60:])
+    assert tail.rfind("Complete log") < tail.index(summary.HEAD), "printed after Snakemake's own last lines"
+    assert f"{victim} failed: RuntimeError: injected fault" in tail and f"(log logs/{victim}.log)" in tail, tail
+    assert (repo / "results/report/summary.txt").read_text().rstrip("\n").splitlines()[-1] == err[-1]
     rows = status_rows(repo)
     assert rows[victim]["status"] == "FAILED" and rows[victim]["file"] == f"logs/{victim}.log", rows[victim]
     assert rows[victim]["reason"].startswith("RuntimeError: injected fault: rank 1 crashes at step (rank 1;")

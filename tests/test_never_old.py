@@ -179,33 +179,36 @@ def unseal(path: Path) -> None:
     damage(path, "unseal")
 
 
-def test_deleted_truncated_failed_and_unsealed_results_are_measured_again(done, tmp_path):
+def test_deleted_truncated_and_failed_results_are_measured_again_and_a_sound_one_is_kept(done, tmp_path):
     """Without Snakemake's metadata (the test above keeps it; test_isolation's crashed
-    job is a failed attempt with it)."""
+    job is a failed attempt with it; an unsealed result without it is the copied
+    clone's below). The result left sound is the k=2 job beside the failed one: kept as it
+    was, not measured again."""
     repo, cfg = copy_done(done, tmp_path / "repo")
     shutil.rmtree(repo / ".snakemake")
     old = {t: digest(repo, t) for t in TARGETS}
-    deleted, truncated, failed, unsealed = TARGETS
+    deleted, failed, truncated, sound = TARGETS
+    mtime = (repo / sound).stat().st_mtime_ns
     (repo / deleted).unlink()
     damage(repo / truncated, "truncate")
     fail_record(repo / failed)
-    unseal(repo / unsealed)
     before = tree(repo / "results")
 
     dry = smk(repo, "-n", "--cores", "2", "report", *cfg)
-    assert job_counts(dry.stdout) == {"attempt_stamp": 4, "ddp_weak": 4, "report": 1}, dry.stdout[-3000:]
+    assert job_counts(dry.stdout) == {"attempt_stamp": 3, "ddp_weak": 3, "report": 1}, dry.stdout[-3000:]
     assert tree(repo / "results") == before, "a dry run wrote under results/"
 
     run = smk(repo, "--cores", "2", "report", *cfg)
     end = closing_lines(run)
-    assert "at this run's start 3 planned result(s) held no number it could serve, so they were measured " \
+    assert "at this run's start 2 planned result(s) held no number it could serve, so they were measured " \
            "again:" in end, end
-    for t, state in ((deleted, "missing"), (truncated, "unreadable"), (unsealed, "unsealed")):
+    for t, state in ((deleted, "missing"), (truncated, "unreadable")):
         assert f"  {t}: {state}: " in end, end
     assert "this run: every planned measurement left a number or was skipped" in end, end
-    for t in TARGETS:
+    for t in (deleted, failed, truncated):
         a = results.audit(repo / t)
         assert a.sound and a.status == "ok" and a.digest != old[t], t
+    assert (digest(repo, sound), (repo / sound).stat().st_mtime_ns) == (old[sound], mtime)
     shutil.rmtree(repo / ".snakemake")
     assert "Nothing to be done" in smk(repo, "-n", "--cores", "2", "report", *cfg).stdout
 
@@ -279,7 +282,7 @@ def test_results_of_another_version_copied_into_a_fresh_clone_are_taken_or_measu
     cfg = [*CFG, f"locks={{dir: {repo / 'locks'}}}"]
     shutil.rmtree(repo / "results")
     shutil.copytree(done / "results", repo / "results")
-    genuine, unsealed, other_code, other_protocol = TARGETS
+    unsealed, genuine, other_code, other_protocol = TARGETS   # a k=2 result taken, not measured again
     unseal(repo / unsealed)
     older_version(repo / other_code, code="0123456789abcdef")
     older_version(repo / other_protocol, train_images=128)

@@ -1,16 +1,15 @@
 """The closing summary (dpscale.report.summary): what a run prints last. Its text comes
 from the report (tests/test_report.py checks summary.txt's numbers); here, what the
-Snakefile's onsuccess and onerror print from it, and a smoke run's last lines."""
+Snakefile's onsuccess and onerror print from it. A real run's last lines:
+test_isolation.py's crashed job."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from conftest import ROOT, SMALL, copy_primed, env_with_src, smk
+from conftest import ROOT, env_with_src
 
 from dpscale.report import summary
 from dpscale.results import audit, make_result, save
@@ -113,27 +112,6 @@ def test_announce_prints_after_everything_else(tmp_path):
             "print('snakemake says goodbye', file=sys.stderr)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_with_src(), cwd=ROOT)
     assert p.stderr.splitlines()[-2:] == ["snakemake says goodbye", "THE ANSWER"]
-
-
-@pytest.mark.slow
-@pytest.mark.workflow
-def test_a_smoke_run_ends_with_the_answer(primed, tmp_path):
-    """The last lines of `snakemake ... report`: after Snakemake's own, the answer (the
-    kept machines' time to accuracy with intervals among it), what failed with its log,
-    and the report's path, last. Two k=2 jobs, one made to crash."""
-    repo = copy_primed(primed, tmp_path / "repo")
-    cfg = ["--config", *SMALL, "ks=[2]", "experiments=[ddp_weak]", f"locks={{dir: {tmp_path / 'locks'}}}",
-           "forecast={bootstrap_draws: 20}"]
-    fault = {**os.environ, "DPSCALE_FAULT": "crash:rank=1:job=ddp_weak/cached/k2"}
-    p = smk(repo, "--cores", "2", "report", *cfg, env=fault)
-    err = p.stderr.rstrip("\n").splitlines()
-    assert err[-1] == f"report: {(repo / 'results/report/report.html').resolve()}", err[-30:]
-    tail = "\n".join(err[-60:])
-    start = tail.index(summary.HEAD)
-    assert tail.rfind("Complete log") < start, "printed after Snakemake's own last lines"
-    assert "ddp_weak/cached/k2 failed: RuntimeError: injected fault" in tail and "(log logs/ddp_weak/cached/k2.log)" in tail
-    assert "h200: 1x H200, paper scale, data real" in tail and "evaluation on the clock" in tail
-    assert (repo / "results/report/summary.txt").read_text().rstrip("\n").splitlines()[-1] == err[-1]
 
 
 def test_the_summary_names_the_series_a_lone_k1_left_unmeasured():
