@@ -84,31 +84,35 @@ def damage(path: Path, how: str) -> None:
         path.write_text(json.dumps(r, indent=2))
 
 
-def test_a_plain_run_measures_again_what_was_deleted_unsealed_replaced_or_edited(done, tmp_path):
-    """With Snakemake's metadata kept (the next test: without it)."""
+def test_a_plain_run_measures_again_what_was_unsealed_replaced_or_edited(done, tmp_path):
+    """With Snakemake's metadata kept (the next tests: a deleted one, and without it). The
+    k=2 result left sound is kept as it was."""
     repo, cfg = copy_done(done, tmp_path / "repo")
-    hows = dict(zip(TARGETS, ("delete", "unseal", "garbage", "edit")))
+    unsealed, sound, garbage, edited = TARGETS
+    hows = {unsealed: "unseal", garbage: "garbage", edited: "edit"}
     old = {t: digest(repo, t) for t in TARGETS}
+    mtime = (repo / sound).stat().st_mtime_ns
     for t, how in hows.items():
         damage(repo / t, how)
     before = tree(repo / "results")
 
     dry = smk(repo, "-n", "--cores", "2", "report", *cfg)
-    assert job_counts(dry.stdout) == {"attempt_stamp": 4, "ddp_weak": 4, "report": 1}, dry.stdout[-3000:]
+    assert job_counts(dry.stdout) == {"attempt_stamp": 3, "ddp_weak": 3, "report": 1}, dry.stdout[-3000:]
     assert tree(repo / "results") == before, "a dry run wrote under results/"
-    for t, state in zip(TARGETS, ("missing", "unsealed", "unreadable", "altered")):
+    for t, state in ((unsealed, "unsealed"), (garbage, "unreadable"), (edited, "altered")):
         assert f"{t}: {state}: " in dry.stdout + dry.stderr and "a real run measures it again" in dry.stdout
 
     run = smk(repo, "--cores", "2", "report", *cfg)
     end = closing_lines(run)
-    assert "at this run's start 4 planned result(s) held no number it could serve, so they were measured " \
+    assert "at this run's start 3 planned result(s) held no number it could serve, so they were measured " \
            "again:" in end, end
     assert "this run: every planned measurement left a number or was skipped" in end
-    for t in TARGETS:
+    for t in hows:
         a = results.audit(repo / t)
         assert a.sound and a.digest != old[t], t
+    assert (digest(repo, sound), (repo / sound).stat().st_mtime_ns) == (old[sound], mtime)
     kept = sorted(str(p.relative_to(repo)).rsplit("-", 1)[0] for p in (repo / "results/runs").glob("*/*/k*.json.*"))
-    assert kept == [f"{TARGETS[2]}.unreadable", f"{TARGETS[3]}.altered", f"{TARGETS[1]}.unsealed"], kept
+    assert kept == sorted([f"{garbage}.unreadable", f"{edited}.altered", f"{unsealed}.unsealed"]), kept
     import pandas as pd
     rows = pd.read_csv(repo / "results/report/results.csv")
     mine = rows[(rows.machine == "this run") & (rows.metric == "samples_per_s")]
@@ -122,7 +126,8 @@ def test_an_interrupted_forced_rerun_is_measured_again(done, tmp_path):
     job: the job's result is gone and the report is newer than what remains; a plain
     rerun measures it again (Snakemake alone would say 'Nothing to be done')."""
     repo, cfg = copy_done(done, tmp_path / "repo")
-    old = {t: digest(repo, t) for t in TARGETS}
+    cfg = only_k1(cfg)   # every planned job forced: the plan is the k=1 half (K1)
+    old = {t: digest(repo, t) for t in K1}
     html = (repo / "results/report/report.html").read_bytes()
     shutil.rmtree(repo / "logs/ddp_weak")   # the first job's log, when it appears, is this run's
     with open(tmp_path / "forced.log", "w") as out:
@@ -134,7 +139,7 @@ def test_an_interrupted_forced_rerun_is_measured_again(done, tmp_path):
         time.sleep(0.2)
     os.killpg(p.pid, signal.SIGINT)   # Ctrl-C in the terminal: the whole foreground group
     p.wait(timeout=120)
-    gone = [t for t in TARGETS if not (repo / t).exists()]
+    gone = [t for t in K1 if not (repo / t).exists()]
     assert gone, (tmp_path / "forced.log").read_text()[-3000:]
     assert (repo / "results/report/report.html").read_bytes() == html
 
@@ -143,7 +148,7 @@ def test_an_interrupted_forced_rerun_is_measured_again(done, tmp_path):
     for t in gone:
         assert digest(repo, t) not in (None, old[t])
     plan = json.loads((repo / "results/report/plan.json").read_text())
-    assert all(plan["read"][t.removeprefix("results/runs/")] == digest(repo, t) for t in TARGETS)
+    assert plan["read"] == {t.removeprefix("results/runs/"): digest(repo, t) for t in K1}
     again = smk(repo, "--cores", "2", "report", *cfg)
     assert "Nothing to be done" in again.stdout + again.stderr
 
@@ -180,7 +185,7 @@ def unseal(path: Path) -> None:
 
 
 def test_deleted_truncated_and_failed_results_are_measured_again_and_a_sound_one_is_kept(done, tmp_path):
-    """Without Snakemake's metadata (the test above keeps it; test_isolation's crashed
+    """Without Snakemake's metadata (the first test keeps it; test_isolation's crashed
     job is a failed attempt with it; an unsealed result without it is the copied
     clone's below). The result left sound is the k=2 job beside the failed one: kept as it
     was, not measured again."""
