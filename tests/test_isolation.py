@@ -367,11 +367,14 @@ def test_kill9_of_snakemake_main_alone_leaves_no_process(primed, tmp_path):
         time.sleep(0.2)
     assert not left, "alive 15 s after Snakemake's main process was killed:\n" + "\n".join(left)
     print(f"every process of the job gone {time.monotonic() - t0:.1f} s after the kill")
-    again = smk(repo, "--cores", "2", "report", *cfg)   # plain rerun: no --unlock, no flags
-    assert "stale lock" in again.stdout + again.stderr
-    runs = sorted((repo / "results/runs").glob("*/*/k*.json"))
-    assert len(runs) == 2 and all(results.load_result(p)["status"] == "ok" for p in runs)
-    assert (repo / "results/report/report.html").exists()
+    # The plain rerun's start: no --unlock, no flags, the killed run's lock released and
+    # both jobs planned. That such a rerun then completes is test_reliability's
+    # test_kill9_then_plain_rerun_completes (its kill takes the whole group); measuring
+    # both jobs and the report again here cost ~18 s of command 2 and proved nothing more.
+    again = smk(repo, "-n", "--cores", "2", "report", *cfg)
+    assert "Removed a stale lock left by a killed run" in again.stdout + again.stderr
+    assert job_counts(again.stdout) == {"ddp_weak": 2, "report": 1}, again.stdout[-3000:]
+    assert not list((repo / ".snakemake/locks").glob("*.lock"))
 
 
 def status_rows(repo: Path) -> dict[str, dict]:
