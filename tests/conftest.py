@@ -293,6 +293,37 @@ def copy_primed(primed: Path, dest: Path, machines: bool = True) -> Path:
     return dest
 
 
+# The finished smoke run the fault tests start from (`done`): DDP weak scaling, seed and
+# cached at k=1 and 2, and the report (locks.dir is added per copy: copy_done).
+DONE_CFG = ["--config", *SMALL, "ks=[1,2]", "experiments=[ddp_weak]", "forecast={bootstrap_draws: 20}"]
+
+
+@pytest.fixture(scope="session")
+def done(primed, tmp_path_factory) -> Path:
+    """A complete smoke run (DONE_CFG): four results and the report, from `primed`. The
+    tests that damage, copy or rerun it start from a copy (copy_done); those that only read
+    its results (test_reliability's order of jobs) read it here. Built once a session and
+    shared by the pytest-xdist workers as `primed` is (~30 s; test_reliability ran two of
+    its jobs again for its own copy)."""
+    import filelock
+    shared = workers_folder(tmp_path_factory)
+    repo = shared / "done"
+    with filelock.FileLock(str(shared / "done.lock")):
+        if not (shared / "done.done").exists():
+            shutil.rmtree(repo, ignore_errors=True)   # a worker that died while running it
+            copy_primed(primed, repo, machines=False)
+            smk(repo, "--cores", "2", "report", *DONE_CFG, f"locks={{dir: {repo / 'locks'}}}")
+            (shared / "done.done").touch()
+    return repo
+
+
+def copy_done(done: Path, dest: Path) -> tuple[Path, list[str]]:
+    """`done` copied to dest (Snakemake's records and file times kept); its configuration
+    with the copy's own lock folder."""
+    repo = copy_primed(done, dest)
+    return repo, [*DONE_CFG, f"locks={{dir: {repo / 'locks'}}}"]
+
+
 def local_env(base: dict | None = None, **extra) -> dict:
     """The environment of a local Snakemake run (no SLURM): `base` (default: ours) with
     SLURM_CONF=/dev/null. Snakemake imports every installed executor plugin when it

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (CPU_FP, FAULT_EXPERIMENTS, ROOT, SMALL, SNAKEMAKE, copy_primed, copy_repo, env_with_src,
-                      fault_variant, local_env, make_spec, run_job, smk)
+from conftest import (CPU_FP, FAULT_EXPERIMENTS, ROOT, SMALL, SNAKEMAKE, copy_done, copy_primed, copy_repo,
+                      env_with_src, fault_variant, local_env, make_spec, run_job, smk)
 
 from dpscale import results
 from dpscale.data import load as dload, resize as dresize
@@ -223,29 +223,19 @@ def test_second_run_in_same_folder_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_measurements_never_overlap(repo_after_smoke):
-    """Measurement jobs each take measure=1 of the default profile's measure=1."""
+def test_measurements_never_overlap(done):
+    """Measurement jobs each take measure=1 of the default profile's measure=1: conftest's
+    finished smoke run, whose four jobs (seed and cached at k=1 and 2) were all ready at
+    once on two cores (the data stage done), ran one after another."""
     spans = []
-    for p in (repo_after_smoke / "results/runs").glob("*/*/k*.json"):
+    for p in (done / "results/runs").glob("*/*/k*.json"):
         r = json.loads(p.read_text())
         if r["status"] == "ok":
-            spans.append((r["started_utc"], r["finished_utc"], p.name))
+            spans.append((r["started_utc"], r["finished_utc"], str(p.relative_to(done))))
     spans.sort()
-    assert len(spans) == 2
+    assert len(spans) == 4
     for (s0, f0, a), (s1, f1, b) in zip(spans, spans[1:]):
         assert s1 >= f0, f"{a} ({s0}..{f0}) overlaps {b} ({s1}..{f1})"
-
-
-@pytest.fixture(scope="module")
-def repo_after_smoke(primed, tmp_path_factory):
-    repo = copy_primed(primed, tmp_path_factory.mktemp("smoke"), machines=False)
-    # two measurement jobs (seed and cached at k=1, one process each) on two cores, both
-    # ready at once (the data stage is done): Snakemake would start them together but for
-    # measure=1 (and then the one waiting for cpu-0's device lock would start late). The
-    # two results are the targets: what reads them here is the tests below, not a report.
-    smk(repo, "--cores", "2", "results/runs/ddp_weak/seed/k1.json", "results/runs/ddp_weak/cached/k1.json",
-        "--config", *SMALL, "ks=[1]", "experiments=[ddp_weak]")
-    return repo
 
 
 # ---------------------------------------------------------------- 6. disk
@@ -265,17 +255,17 @@ def test_failed_write_keeps_previous_artifact(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.workflow
-def test_unwritable_results_folder_fails_clearly_and_keeps_artifact(repo_after_smoke):
+def test_unwritable_results_folder_fails_clearly_and_keeps_artifact(done, tmp_path):
     if os.system("chattr -V >/dev/null 2>&1") != 0 and os.system("command -v chattr >/dev/null") != 0:
         pytest.skip("chattr is not available to make a folder unwritable for root")
-    folder = repo_after_smoke / "results/runs/ddp_weak/cached"
+    repo, cfg = copy_done(done, tmp_path / "repo")
+    folder = repo / "results/runs/ddp_weak/cached"
     target = folder / "k1.json"
     old = target.read_bytes()
     if subprocess.run(["chattr", "+i", str(folder)]).returncode != 0:
         pytest.skip("this filesystem does not support the immutable attribute")
     try:
-        p = smk(repo_after_smoke, "--cores", "1", target.relative_to(repo_after_smoke).as_posix(), "--config",
-                *SMALL, "ks=[1]", "experiments=[ddp_weak]", "--forcerun", "ddp_weak",
+        p = smk(repo, "--cores", "1", target.relative_to(repo).as_posix(), *cfg, "--forcerun", "ddp_weak",
                 check=False)
     finally:
         subprocess.run(["chattr", "-i", str(folder)])
