@@ -72,35 +72,36 @@ def damage(path: Path, how: str) -> None:
         path.write_text(json.dumps(r, indent=2))
 
 
-def test_a_plain_run_measures_again_what_was_unsealed_replaced_or_edited(done, tmp_path):
-    """With Snakemake's metadata kept (the next tests: a deleted one, and without it). The
-    k=2 result left sound is kept as it was."""
+def test_a_plain_run_measures_again_what_was_replaced_or_edited(done, tmp_path):
+    """With Snakemake's metadata kept (the next tests: a deleted one, and without it; an
+    unsealed one is the copied clone's). The damage is on the k=1 results; both k=2
+    results are left sound and kept as they were."""
     repo, cfg = copy_done(done, tmp_path / "repo")
-    unsealed, sound, garbage, edited = TARGETS
-    hows = {unsealed: "unseal", garbage: "garbage", edited: "edit"}
+    edited, sound_2, garbage, sound_1 = TARGETS
+    hows = {garbage: "garbage", edited: "edit"}
     old = {t: digest(repo, t) for t in TARGETS}
-    mtime = (repo / sound).stat().st_mtime_ns
+    sound = {t: (old[t], (repo / t).stat().st_mtime_ns) for t in (sound_2, sound_1)}
     for t, how in hows.items():
         damage(repo / t, how)
     before = tree(repo / "results")
 
     dry = smk(repo, "-n", "--cores", "2", "report", *cfg)
-    assert job_counts(dry.stdout) == {"attempt_stamp": 3, "ddp_weak": 3, "report": 1}, dry.stdout[-3000:]
+    assert job_counts(dry.stdout) == {"attempt_stamp": 2, "ddp_weak": 2, "report": 1}, dry.stdout[-3000:]
     assert tree(repo / "results") == before, "a dry run wrote under results/"
-    for t, state in ((unsealed, "unsealed"), (garbage, "unreadable"), (edited, "altered")):
+    for t, state in ((garbage, "unreadable"), (edited, "altered")):
         assert f"{t}: {state}: " in dry.stdout + dry.stderr and "a real run measures it again" in dry.stdout
 
     run = smk(repo, "--cores", "2", "report", *cfg)
     end = closing_lines(run)
-    assert "at this run's start 3 planned result(s) held no number it could serve, so they were measured " \
+    assert "at this run's start 2 planned result(s) held no number it could serve, so they were measured " \
            "again:" in end, end
     assert "this run: every planned measurement left a number or was skipped" in end
     for t in hows:
         a = results.audit(repo / t)
         assert a.sound and a.digest != old[t], t
-    assert (digest(repo, sound), (repo / sound).stat().st_mtime_ns) == (old[sound], mtime)
+    assert {t: (digest(repo, t), (repo / t).stat().st_mtime_ns) for t in sound} == sound
     kept = sorted(str(p.relative_to(repo)).rsplit("-", 1)[0] for p in (repo / "results/runs").glob("*/*/k*.json.*"))
-    assert kept == sorted([f"{garbage}.unreadable", f"{edited}.altered", f"{unsealed}.unsealed"]), kept
+    assert kept == sorted([f"{garbage}.unreadable", f"{edited}.altered"]), kept
     import pandas as pd
     rows = pd.read_csv(repo / "results/report/results.csv")
     mine = rows[(rows.machine == "this run") & (rows.metric == "samples_per_s")]
@@ -280,6 +281,8 @@ def test_results_of_another_version_copied_into_a_fresh_clone_are_taken_or_measu
     assert (digest(repo, genuine), (repo / genuine).stat().st_mtime_ns) == kept[genuine]
     for t in (unsealed, other_code, other_protocol):
         assert results.audit(repo / t).sound, t
+    aside = sorted(str(p.relative_to(repo)).rsplit("-", 1)[0] for p in (repo / "results/runs").glob("*/*/k*.json.*"))
+    assert aside == sorted([f"{unsealed}.unsealed", f"{other_code}.stale", f"{other_protocol}.stale"]), aside
     for _ in range(2):   # never in a loop
         shutil.rmtree(repo / ".snakemake", ignore_errors=True)
         again = smk(repo, "--cores", "2", "report", *cfg)
@@ -325,17 +328,20 @@ def test_a_dry_run_after_a_machine_change_plans_it_and_writes_nothing(done, tmp_
 
 
 def test_a_clone_under_a_path_with_a_space_and_non_ascii_runs_in_place_and_with_d(done, tmp_path):
-    """In place: a measurement (k=2, its ranks' logs) and the report; with -d from a fresh
-    folder: the data stage, the k=1 jobs and the report, the scripts' relative path with a
-    space too. One job of each kind is what a path can break; the other results stay."""
+    """In place: a measurement (k=2: torchrun, its ranks' logs); with -d from a fresh
+    folder: the data stage, the k=1 jobs and the report, the scripts' path with a space
+    too. One job of each kind is what a path can break (the report's in place was the -d
+    run's job again: ~8 CPU-s of command 2); the other results stay."""
     home = tmp_path / "my dpscale ü"
     repo, cfg = copy_done(done, home / "my clone")
     (repo / TARGETS[1]).unlink()
-    shutil.rmtree(repo / "results/report")
-    run = smk(repo, "--cores", "2", "report", *cfg)   # in place
+    logs = repo / "logs/ddp_weak/seed"
+    for f in logs.glob("k2*"):
+        f.unlink()
+    run = smk(repo, "--cores", "2", TARGETS[1], *cfg)   # in place
     assert job_counts(run.stdout + run.stderr).get("ddp_weak") == 1
     assert all(results.audit(repo / t).sound for t in TARGETS)
-    assert (repo / "results/report/report.html").exists()
+    assert sorted(f.name for f in logs.glob("k2*")) == ["k2.log", "k2.rank0.log", "k2.rank1.log"]
     work = home / "other folder ß"
     work.mkdir()
     smk(work, "-s", str(repo / "Snakefile"), "-d", str(work), "--cores", "2", "report", *cfg[:-1], "ks=[1]",
