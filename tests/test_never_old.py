@@ -77,10 +77,10 @@ def test_a_plain_run_measures_again_what_was_replaced_or_edited(done, tmp_path):
     unsealed one is the copied clone's). The damage is on the k=1 results; both k=2
     results are left sound and kept as they were."""
     repo, cfg = copy_done(done, tmp_path / "repo")
-    edited, sound_2, garbage, sound_1 = TARGETS
+    edited, sound_seed, garbage, sound_cached = TARGETS   # seed k1, seed k2, cached k1, cached k2
     hows = {garbage: "garbage", edited: "edit"}
     old = {t: digest(repo, t) for t in TARGETS}
-    sound = {t: (old[t], (repo / t).stat().st_mtime_ns) for t in (sound_2, sound_1)}
+    sound = {t: (old[t], (repo / t).stat().st_mtime_ns) for t in (sound_seed, sound_cached)}
     for t, how in hows.items():
         damage(repo / t, how)
     before = tree(repo / "results")
