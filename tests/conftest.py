@@ -294,8 +294,13 @@ def copy_primed(primed: Path, dest: Path, machines: bool = True) -> Path:
 
 
 # The finished smoke run the fault tests start from (`done`): DDP weak scaling, seed and
-# cached at k=1 and 2, and the report (locks.dir is added per copy: copy_done).
+# cached at k=1 and 2, and the report.
 DONE_CFG = ["--config", *SMALL, "ks=[1,2]", "experiments=[ddp_weak]", "forecast={bootstrap_draws: 20}"]
+
+
+def done_config(repo: Path) -> list[str]:
+    """DONE_CFG with repo's own lock folder (CI's other jobs on this host must not make it wait)."""
+    return [*DONE_CFG, f"locks={{dir: {repo / 'locks'}}}"]
 
 
 @pytest.fixture(scope="session")
@@ -312,7 +317,7 @@ def done(primed, tmp_path_factory) -> Path:
         if not (shared / "done.done").exists():
             shutil.rmtree(repo, ignore_errors=True)   # a worker that died while running it
             copy_primed(primed, repo, machines=False)
-            smk(repo, "--cores", "2", "report", *DONE_CFG, f"locks={{dir: {repo / 'locks'}}}")
+            smk(repo, "--cores", "2", "report", *done_config(repo))
             (shared / "done.done").touch()
     return repo
 
@@ -321,7 +326,7 @@ def copy_done(done: Path, dest: Path) -> tuple[Path, list[str]]:
     """`done` copied to dest (Snakemake's records and file times kept); its configuration
     with the copy's own lock folder."""
     repo = copy_primed(done, dest)
-    return repo, [*DONE_CFG, f"locks={{dir: {repo / 'locks'}}}"]
+    return repo, done_config(repo)
 
 
 def local_env(base: dict | None = None, **extra) -> dict:

@@ -17,14 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (DONE_CFG, SNAKEMAKE, copy_done, copy_primed, fill_disk, job_counts, local_env, mount_tmpfs, smk,
-                      write_hw)
+from conftest import (SNAKEMAKE, copy_done, copy_primed, done_config, fill_disk, job_counts, local_env, mount_tmpfs,
+                      smk, write_hw)
 
 from dpscale import results
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slow]   # a smoke run, then a run or rerun a test
 
-CFG = DONE_CFG   # conftest's `done`: a finished smoke run
 TARGETS = [f"results/runs/ddp_weak/{v}/k{k}.json" for v in ("seed", "cached") for k in (1, 2)]
 # Where every planned result is measured again (a change that stales them all), the plan
 # is the k=1 half: the same decision per result, each job one rank and no torchrun
@@ -42,6 +41,11 @@ def tree(folder: Path) -> dict[str, str]:
     """Every file under folder, by content."""
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def set_aside(repo: Path) -> list[str]:
+    """The copies a run set aside (k<k>.json.<state>-<UTC>), by result and state."""
+    return sorted(str(p.relative_to(repo)).rsplit("-", 1)[0] for p in (repo / "results/runs").glob("*/*/k*.json.*"))
 
 
 def digest(repo: Path, target: str) -> str | None:
@@ -100,8 +104,7 @@ def test_a_plain_run_measures_again_what_was_replaced_or_edited(done, tmp_path):
         a = results.audit(repo / t)
         assert a.sound and a.digest != old[t], t
     assert {t: (digest(repo, t), (repo / t).stat().st_mtime_ns) for t in sound} == sound
-    kept = sorted(str(p.relative_to(repo)).rsplit("-", 1)[0] for p in (repo / "results/runs").glob("*/*/k*.json.*"))
-    assert kept == sorted([f"{garbage}.unreadable", f"{edited}.altered"]), kept
+    assert set_aside(repo) == sorted([f"{garbage}.unreadable", f"{edited}.altered"]), set_aside(repo)
     import pandas as pd
     rows = pd.read_csv(repo / "results/report/results.csv")
     mine = rows[(rows.machine == "this run") & (rows.metric == "samples_per_s")]
@@ -263,7 +266,7 @@ def test_results_of_another_version_copied_into_a_fresh_clone_are_taken_or_measu
     other code or another protocol, is measured again, once."""
     repo = copy_primed(primed, tmp_path / "clone", machines=False)
     shutil.rmtree(repo / ".snakemake")
-    cfg = [*CFG, f"locks={{dir: {repo / 'locks'}}}"]
+    cfg = done_config(repo)
     shutil.rmtree(repo / "results")
     shutil.copytree(done / "results", repo / "results")
     unsealed, genuine, other_code, other_protocol = TARGETS   # a k=2 result taken, not measured again
@@ -281,8 +284,8 @@ def test_results_of_another_version_copied_into_a_fresh_clone_are_taken_or_measu
     assert (digest(repo, genuine), (repo / genuine).stat().st_mtime_ns) == kept[genuine]
     for t in (unsealed, other_code, other_protocol):
         assert results.audit(repo / t).sound, t
-    aside = sorted(str(p.relative_to(repo)).rsplit("-", 1)[0] for p in (repo / "results/runs").glob("*/*/k*.json.*"))
-    assert aside == sorted([f"{unsealed}.unsealed", f"{other_code}.stale", f"{other_protocol}.stale"]), aside
+    assert set_aside(repo) == sorted([f"{unsealed}.unsealed", f"{other_code}.stale", f"{other_protocol}.stale"]), \
+        set_aside(repo)
     for _ in range(2):   # never in a loop
         shutil.rmtree(repo / ".snakemake", ignore_errors=True)
         again = smk(repo, "--cores", "2", "report", *cfg)
