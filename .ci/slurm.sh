@@ -269,7 +269,7 @@ start_slurm() {
 stop_pids() {  # name...: TERM them all at once, wait up to 10 s for all, then KILL; forget them
     # (each daemon takes ~2 s to go after its TERM: one at a time, the four took 8 s of
     # every test session's teardown)
-    local name pid _ names=() pids=()
+    local name pid i _ names=() pids=()
     for name in "$@"; do
         pid=$(recorded_pid "$name")
         if [ -n "$pid" ]; then
@@ -290,17 +290,16 @@ stop_pids() {  # name...: TERM them all at once, wait up to 10 s for all, then K
     for name in "$@"; do forget "$name"; done
 }
 
-stop_slurm_daemons() {
+stop_slurm_daemons() {  # [name...]: stopped with the controller
     [ -f "$PIDS" ] || return 0
     # the nodes first, then the controller
     stop_pids $(awk '$1 ~ /^slurmd/ {print $1}' "$PIDS")
-    stop_pids slurmctld
+    stop_pids slurmctld "$@"
 }
 
 stop_slurm() {
     [ -f "$PIDS" ] || { log "no pids file at $PIDS: nothing to stop"; return 0; }
-    stop_pids $(awk '$1 ~ /^slurmd/ {print $1}' "$PIDS")
-    stop_pids slurmctld munged   # nothing is left to authenticate
+    stop_slurm_daemons munged   # nothing is left to authenticate
     rm -f "$PIDS"
 }
 
