@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -83,6 +84,18 @@ def test_atomic_write_leaves_old_file_when_writing_fails(tmp_path):
     assert [f.name for f in tmp_path.iterdir()] == ["r.json"], "temp file left behind"
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_atomic_write_gives_the_mode_the_umask_asks(tmp_path, umask):
+    """A result is readable as any file the user writes is (a shared box, a web server
+    serving report.html), not mkstemp's 0600."""
+    old = os.umask(umask)
+    try:
+        results.write_atomic(tmp_path / "r.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o666 & ~umask
+
+
 def test_contract_validation():
     r = results.make_result(experiment="allreduce", variant="default", k=2, status="ok",
                             metrics={"busbw_GBps_max": 1.0}, backend="gloo")
@@ -110,6 +123,14 @@ def _config(**over):
            "experiments": sch["properties"]["experiments"]["default"], "scales": {}}
     cfg.update(over)
     return cfg
+
+
+def test_a_home_relative_local_dir_is_checked_as_the_users_home(tmp_path, monkeypatch):
+    (tmp_path / "fm").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    dsconfig.resolve(_config(data={"source": "local", "local_dir": "~/fm"}), CPU_FP)
+    with pytest.raises(dsconfig.ConfigError, match="'~/nope' is not a folder"):
+        dsconfig.resolve(_config(data={"source": "local", "local_dir": "~/nope"}), CPU_FP)
 
 
 def test_auto_scale_follows_gpus():

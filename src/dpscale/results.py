@@ -61,6 +61,9 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
         data = data.encode()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes 0600 whatever the umask; a result on a shared box or cluster
+        # filesystem is read by colleagues and web servers, as any file the user writes.
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -72,6 +75,20 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it where Linux shows it (os.umask can
+    only be read by changing it, which races with files other threads create)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
