@@ -142,6 +142,33 @@ def test_auto_takes_a_local_copy_before_the_network_and_skips_a_bad_one(tmp_path
     assert dfetch.local_candidates(None, ()) == [] and dfetch.local_candidates(tmp_path / "good", ()) == [str(tmp_path / "good")]
 
 
+@pytest.mark.parametrize("fault", ["misspelt", "a file missing"])
+def test_auto_says_a_named_folder_that_cannot_serve(tmp_path, served_files, caplog, fault):
+    """data.local_dir names the user's copy: a typo or a missing file is refused in the
+    log and the provenance (the run's end says so), never quietly replaced by another copy."""
+    files, resources = served_files
+    unpacked = _recompressed(files, tmp_path / "good")
+    named = tmp_path / "mine"
+    if fault == "a file missing":
+        _recompressed(files, named)
+        (named / "t10k-labels-idx1-ubyte.gz").unlink()
+    prov = dfetch.fetch(tmp_path / "r", "auto", [_closed_port_url()], retries=1, backoff_s=0, resources=resources,
+                        unpacked=unpacked, local_dir=named, system_dirs=(str(tmp_path / "good"),))
+    assert prov["source"] == "real" and prov["origin"] == str(tmp_path / "good")
+    assert [r["folder"] for r in prov["rejected"]] == [str(named)]
+    why = "not a folder" if fault == "misspelt" else "t10k-labels-idx1-ubyte.gz is missing"
+    assert why in prov["rejected"][0]["reason"] and f"{named} refused" in caplog.text
+
+
+def test_a_home_relative_local_dir_is_the_users_home(tmp_path, served_files, monkeypatch):
+    files, resources = served_files
+    unpacked = _recompressed(files, tmp_path / "home" / "fm")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    prov = dfetch.fetch(tmp_path / "r", "local", [], local_dir="~/fm", resources=resources, unpacked=unpacked)
+    assert prov["source"] == "real" and set(prov["checks"]) == {n for n, _ in resources}
+    assert dfetch.local_candidates("~/fm", (), resources) == [str(tmp_path / "home" / "fm")]
+
+
 DEBIAN = Path("/usr/share/datasets/fashion-mnist")
 
 

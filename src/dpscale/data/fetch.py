@@ -148,11 +148,17 @@ def copy_local(root, local_dir, resources=RESOURCES, unpacked=UNPACKED_MD5) -> d
     return checks
 
 
+def configured_dir(local_dir) -> Path:
+    """data.local_dir as the user means it: `~` is their home (YAML and --config pass it
+    unexpanded, and no shell sits between)."""
+    return Path(os.path.expanduser(str(local_dir)))
+
+
 def local_candidates(local_dir=None, system_dirs=SYSTEM_DIRS, resources=RESOURCES) -> list[str]:
     """Folders holding all four files, in the order source auto tries them: the
     configured data.local_dir, then a system package's folder. Cheap (no reads): the
     download rule's params, so installing the package reruns the data stage."""
-    dirs = [str(local_dir)] if local_dir else []
+    dirs = [str(configured_dir(local_dir))] if local_dir else []
     dirs += [d for d in system_dirs if d not in dirs]
     return [d for d in dirs if all((Path(d) / n).is_file() for n, _ in resources)]
 
@@ -278,6 +284,7 @@ def fetch(root, source: str, mirrors: list[str], local_dir=None, retries: int = 
     data.local_dir and a system package's folder (SYSTEM_DIRS) first, then the mirrors,
     and on failure the synthetic stand-in, said loudly here and in every result."""
     root = Path(root)
+    local_dir = configured_dir(local_dir) if local_dir else None
     prov = {"requested": source, "created_utc": utc_now()}
     if source == "local":
         checks = copy_local(root, local_dir, resources, unpacked)
@@ -286,8 +293,12 @@ def fetch(root, source: str, mirrors: list[str], local_dir=None, retries: int = 
         write_synthetic(root)
         prov.update(source="synthetic", origin="dpscale.data.fetch.synthetic (seeds 0, 1)")
     elif source in ("download", "auto"):
-        found = _from_folders(root, local_candidates(local_dir, system_dirs, resources), resources, unpacked) \
-            if source == "auto" else None
+        folders = local_candidates(local_dir, system_dirs, resources)
+        if local_dir and str(local_dir) not in folders:
+            # the user named a folder that cannot serve (a typo, a missing file): copy_local
+            # says why, loudly and in the provenance, instead of quietly using another copy
+            folders.insert(0, str(local_dir))
+        found = _from_folders(root, folders, resources, unpacked) if source == "auto" else None
         prov.update(found or {})
         if not found or "source" not in found:
             prov.update(_download_or_standin(root, source, mirrors, retries, timeout_s, backoff_s, resources))

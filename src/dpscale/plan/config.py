@@ -80,7 +80,7 @@ def resolve(config: dict, fp: dict) -> dict:
         if not data.get("local_dir"):
             raise ConfigError("data.local_dir: required when data.source is local; write "
                               "'data={source: local, local_dir: <the folder with the four Fashion-MNIST .gz files>}'")
-        if not Path(data["local_dir"]).is_dir():
+        if not Path(data["local_dir"]).expanduser().is_dir():
             raise ConfigError(f"data.local_dir: {data['local_dir']!r} is not a folder; write "
                               "'data={source: local, local_dir: <the folder with the four Fashion-MNIST .gz files>}'")
     return {"scale": scale, "requested_scale": config["scale"], "protocol": proto, "ks": ks,
