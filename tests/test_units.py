@@ -345,6 +345,37 @@ def test_a_short_list_says_how_many_it_needs():
         check({**cfg, "scales": {"paper": {"tta_seeds": [1, 2]}}})
 
 
+@pytest.mark.parametrize("value, fix", [(2, "'ks=[2]'"), ("1, 2", "'ks=[1, 2]'"), (None, "'ks=[1, 2, 4]'"),
+                                        ("[1, 2", None)])
+def test_a_list_written_without_brackets_gets_a_fix_that_parses(value, fix):
+    """'ks: 1, 2' in config.yaml (or 'ks:' left empty) was told to write 'ks=['1, 2']'
+    ('ks=[null]'): a fix that is itself refused."""
+    import yaml
+    from dpscale.plan.config import ConfigError
+    from dpscale.plan.configcheck import check
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    with pytest.raises(ConfigError) as got:
+        check({**cfg, "ks": value})
+    if fix:
+        assert str(got.value) == f"ks must be a list: write {fix}"
+        fixed = yaml.safe_load(fix.strip("'").split("=", 1)[1])
+        check({**cfg, "ks": fixed})   # the fix is accepted
+    else:
+        assert "bracket is not closed" in str(got.value)
+
+
+def test_a_scales_key_is_fixed_with_that_scales_own_value():
+    import yaml
+    from dpscale.plan.config import ConfigError, protocol_defaults
+    from dpscale.plan.configcheck import check
+    cfg = yaml.safe_load((ROOT / "config.yaml").read_text())
+    for scale in ("smoke", "paper"):
+        batch = protocol_defaults(scale)["per_rank_batch"]
+        with pytest.raises(ConfigError, match=rf"^scales.{scale}.per_rank_batch: 0 is below the minimum of 1; "
+                                              rf"e.g. 'scales={{{scale}: {{per_rank_batch: {batch}}}}}'$"):
+            check({**cfg, "scales": {scale: {"per_rank_batch": 0}}})
+
+
 def test_strong_scaling_is_planned_where_ks_asks_for_a_curve():
     """ks = [1]: no strong point (nothing to split; the weak series is the answer); any
     k >= 2 in ks, even one this machine skips: every k, k=1 included."""

@@ -62,6 +62,8 @@ def explain(e: jsonschema.ValidationError) -> str:
     key_path = keys or []
     sub = _sub(schema(), key_path)
     default = sub.get("default") if key_path else None
+    if default is None and len(keys) == 3 and keys[0] == "scales":   # a scale's key: that scale's protocol
+        default = _sub(schema(), keys[:2]).get("default", {}).get(keys[2])
     example = f"; e.g. {cli(key_path, default)}" if key_path and default not in (None, {}) else ""
     example = example if len(example) < 60 else ""
     v = e.instance
@@ -79,7 +81,15 @@ def explain(e: jsonschema.ValidationError) -> str:
             else "close its brackets"
         return f"{where}: {shown} is not a {'list' if v.strip()[0] == '[' else 'mapping'} (a bracket is not closed); {fix}"
     if e.validator == "type" and e.validator_value == "array" and not isinstance(v, list):
-        return f"{where} must be a list: write {cli(key_path, [v])}"
+        items = [v]
+        if isinstance(v, str):   # 'ks: 1, 2' in a file reaches us as the text "1, 2"
+            try:
+                items = yaml.safe_load(f"[{v}]")
+            except yaml.YAMLError:
+                pass
+        if v is None or items == [None]:   # 'ks:' left empty
+            items = default if isinstance(default, list) else None
+        return f"{where} must be a list: write {cli(key_path, items)}" if items else f"{where} must be a list"
     if e.validator == "type":   # one type, or a list of them (a folder or null)
         wanted = [e.validator_value] if isinstance(e.validator_value, str) else list(e.validator_value)
         return f"{where}: {flow(v)} is not {' or '.join(TYPE_WORDS.get(t, t) for t in wanted)}{example}"
