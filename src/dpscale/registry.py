@@ -182,7 +182,7 @@ def always_two(ks: list[int]) -> list[int]:
     return [2]
 
 
-KS_TEXT = {every_k: "every k", curve_k: "every k, where ks has a k >= 2", multi_k: "k >= 2", book_pair: "k = 2", always_two: "k = 2 (vs k = 1, one job)"}
+KS_TEXT = {every_k: "every k", curve_k: "every k, where ks has a k >= 2", multi_k: "k >= 2", book_pair: "k = 2 (else least k >= 2)", always_two: "k = 2 (vs k = 1, one job)"}
 
 # Inputs a measurement can read, by name; rules/common.smk maps each to its file.
 INPUTS = ("raw", "cache", "meta", "flops", "tta_cache", "tta_meta")
