@@ -12,7 +12,7 @@ min_version("9.0")
 sys.path.insert(0, f"{workflow.basedir}/src")
 from dpscale.plan import cluster as dscluster
 from dpscale.plan.config import ConfigError, coerce_cli_types
-from dpscale.plan.configcheck import check
+from dpscale.plan.configcheck import check, check_file
 from dpscale.run.lifeline import mark_snakemake
 from dpscale.run.locks import release_stale
 from dpscale.provenance import export_command
@@ -39,9 +39,12 @@ configfile: CONFIGFILE
 
 
 # --config 'ks=[1,2]' arrives as strings inside lists: coerce by the schema first. A bad
-# value stops the run with one line that names the key and the fix (sys.exit prints
-# just that line); then Snakemake's validate fills in every default.
+# value, or a key written twice in a config file, stops the run with one line that names
+# the key and the fix (sys.exit prints just that line); then Snakemake's validate fills
+# in every default.
 try:
+    for _file in workflow.configfiles:
+        check_file(_file)
     coerce_cli_types(config)
     check(config)
 except ConfigError as e:

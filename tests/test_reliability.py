@@ -50,6 +50,23 @@ def test_bad_config_prints_the_readmes_line_and_nothing_else(repo, arg, line):
     assert not (repo / "results/runs").exists()
 
 
+@pytest.mark.workflow
+def test_a_key_written_twice_in_the_config_file_is_named(repo):
+    """YAML keeps the last of two equal keys silently: a second `local_dir:` under
+    `data:` (the first left below it) would be dropped without a word."""
+    text = (repo / "config.yaml").read_text()
+    assert text.count("\n  local_dir: null\n") == 1
+    lines = text.splitlines()
+    at = lines.index("  local_dir: null") + 1   # its 1-based line number
+    (repo / "twice.yaml").write_text(text.replace("\n  local_dir: null\n", "\n  local_dir: /mine\n  local_dir: null\n"))
+    p = smk(repo, "-n", "--cores", "1", "report", "--configfile", "twice.yaml", check=False)
+    assert p.returncode != 0
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"Invalid configuration: {repo / 'twice.yaml'}: local_dir is written twice (lines {at} and {at + 1}); "
+        "YAML keeps only the last, so delete one")
+    assert not (repo / "results/runs").exists()
+
+
 # ---------------------------------------------------------------- 2. killed mid-run
 
 def _result_files(repo: Path) -> dict[str, int]:

@@ -123,3 +123,35 @@ def check(config: dict) -> None:
                     key=lambda e: (-len(e.absolute_path), str(list(e.absolute_path))))
     if errors:
         raise ConfigError(explain(errors[0]))
+
+
+class _KeysOnce(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """YAML keeps the last of two equal keys without a word (PyYAML's choice, and
+    Snakemake's configfile loader's): a second `local_dir:` under `data:` would be read
+    and the first one silently not. This loader says so instead."""
+
+
+def _mapping(loader, node, deep=False):
+    seen = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(f"{loader.name}: {key} is written twice (lines {seen[key] + 1} and "
+                              f"{key_node.start_mark.line + 1}); YAML keeps only the last, so delete one")
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_KeysOnce.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def check_file(path) -> None:
+    """Raise ConfigError if the YAML file at `path` writes a key twice in one mapping."""
+    with open(path) as f:
+        loader = _KeysOnce(f)
+        loader.name = str(path)
+        try:
+            loader.get_single_data()
+        finally:
+            loader.dispose()
+
