@@ -126,6 +126,51 @@ def test_keep_builds_its_report_in_place_and_a_failed_build_keeps_the_old_machin
     assert [p.name for p in to.iterdir()] == ["x2"]   # nothing left aside
 
 
+def test_keep_sigterm_puts_the_old_machine_back_and_a_killed_keep_is_finished_next_time(tmp_path, monkeypatch):
+    """kill (SIGTERM) during keep --force left the old machine aside as .x2.replaced and a
+    half one in its place, and every later keep --force failed on it (an audit's finding)."""
+    import os
+    import signal
+    work, to = _workdir_from(H200X2, tmp_path / "work"), tmp_path / "reference"
+    kept = cli.keep("x2", work, to)
+    before = sorted(p.relative_to(kept) for p in kept.rglob("*"))
+    build = cli._report_of_kept
+    monkeypatch.setattr(cli, "_report_of_kept", lambda *a: os.kill(os.getpid(), signal.SIGTERM))
+    with pytest.raises(SystemExit) as e:
+        cli.keep("x2", work, to, force=True)
+    assert e.value.code == 128 + signal.SIGTERM
+    assert sorted(p.relative_to(kept) for p in kept.rglob("*")) == before
+    assert [p.name for p in to.iterdir()] == ["x2"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL   # the handler is the caller's again
+    # SIGKILL at the same point: the old machine aside, a half one (no report) in its place
+    kept.rename(to / ".x2.replaced")
+    shutil.copytree(to / ".x2.replaced" / "runs", kept / "runs")
+    monkeypatch.setattr(cli, "_report_of_kept", build)
+    again = cli.keep("x2", work, to, force=True)
+    assert (again / "report" / "report.md").exists() and [p.name for p in to.iterdir()] == ["x2"]
+
+
+@pytest.mark.parametrize("name, why", [(".hidden", "starting with a letter"), ("book", "book's label"),
+                                       ("naïve", "starting with a letter"), ("a/b", "starting with a letter")])
+def test_keep_refuses_a_name_the_report_would_not_show_as_this_machine(name, why, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["keep", name])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: dpscale keep") and why in err
+
+
+def test_keep_force_replaces_only_a_kept_machine(tmp_path):
+    """`dpscale keep public --force` deleted the project's public convergence tables."""
+    work, to = _workdir_from(H200X2, tmp_path / "work"), tmp_path / "reference"
+    (to / "public").mkdir(parents=True)
+    (to / "public" / "table.csv").write_text("kept by git\n")
+    with pytest.raises(SystemExit, match=r"public is not a kept machine .* choose another NAME"):
+        cli.keep("public", work, to, force=True)
+    assert (to / "public" / "table.csv").read_text() == "kept by git\n"
+    assert [p.name for p in to.iterdir()] == ["public"]
+
+
 def test_keep_force_keeps_the_machines_earlier_measurements(tmp_path):
     """A re-measurement kept over a machine (keep --force) carries its earlier/ over: the
     report pools independent measurements of one protocol (dpscale.report.tta_pool)."""

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from dpscale import layout, registry
@@ -36,6 +39,7 @@ from dpscale.results import portable
 from dpscale.report import book as bookmod, convergence as convergence_cmd
 
 NAME_OK = "letters, digits, '-', '_' and '.'"
+RESERVED_NAMES = {"book"}   # the published machine's label beside every kept one (report.book)
 ROOT = Path(__file__).resolve().parents[2]
 COMPARE_HELP = """Machine B against machine A, like for like: for every (experiment, variant, k) that
 both kept folders (<dir>/runs/<experiment>/<variant>/k<k>.json, as `dpscale keep` writes
@@ -105,6 +109,27 @@ def unsound_kept(run) -> list[str]:
     return out
 
 
+def machine_name(name: str) -> str:
+    """A kept machine's name (argparse type): a folder the report reads (not hidden), not
+    the book's label, in plain ASCII so every tool and URL takes it."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise argparse.ArgumentTypeError(f"{name!r}: use {NAME_OK}, starting with a letter or digit")
+    if name.lower() in RESERVED_NAMES:
+        raise argparse.ArgumentTypeError(f"{name!r} is the book's label in every report; choose another NAME")
+    return name
+
+
+def _finish_interrupted_keep(to: Path, name: str) -> None:
+    """A keep killed between setting the old machine aside and finishing (SIGKILL, a power
+    cut) left it as .NAME.replaced: it is put back, and the half-kept one goes."""
+    aside = to / f".{name}.replaced"
+    if aside.is_dir():
+        shutil.rmtree(to / name, ignore_errors=True)
+        aside.rename(to / name)
+        print(f"dpscale keep: an interrupted keep of {name} had set {to / name} aside; put it back",
+              file=sys.stderr)
+
+
 def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
     run, kept = layout.working(workdir), layout.kept(to / name)
     for needed in (run.runs, run.fingerprint, run.plan):
@@ -115,10 +140,21 @@ def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
                                      "from; nothing kept. Run `snakemake --cores 1 report` first (it measures "
                                      "them again), then keep:"] + [f"  {b}" for b in bad]))
     target = kept.root
+    _finish_interrupted_keep(to, name)
     if target.exists() and not force:
         raise SystemExit(f"dpscale keep: {target} exists; choose another NAME or pass --force to replace it")
-    to.mkdir(parents=True, exist_ok=True)
-    tmp = layout.kept(tempfile.mkdtemp(prefix=f".{name}.", dir=to))
+    if target.exists() and not layout.is_kept(target):
+        raise SystemExit(f"dpscale keep: {target} is not a kept machine (no runs/, no fingerprint.json); "
+                         "--force replaces only a kept machine: choose another NAME")
+    try:
+        to.mkdir(parents=True, exist_ok=True)
+        tmp = layout.kept(tempfile.mkdtemp(prefix=f".{name}.", dir=to))
+    except OSError as e:
+        raise SystemExit(f"dpscale keep: cannot write in {to}: {e.strerror}; pass --to a folder you can write")
+    # SIGTERM (kill, a scheduler's time limit) unwinds as Ctrl-C does: the old machine is
+    # put back and the copy removed, never a half reference
+    stop = signal.signal(signal.SIGTERM, _raise_terminated) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         for attr in ("runs", "fingerprint", "model", "roofline", "plan", "logs"):
             _copy(getattr(run, attr), getattr(tmp, attr), workdir)
@@ -139,11 +175,18 @@ def keep(name: str, workdir: Path, to: Path, force: bool = False) -> Path:
             if old is not None:
                 old.rename(target)
             raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        if old is not None:   # renamed first: a .replaced folder always means "not finished"
+            gone = old.rename(Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".gone", dir=to)))
+            shutil.rmtree(gone, ignore_errors=True)
     finally:
         shutil.rmtree(tmp.root, ignore_errors=True)
+        if stop is not None:
+            signal.signal(signal.SIGTERM, stop)
     return target
+
+
+def _raise_terminated(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def _report_of_kept(folder: Path, name: str, to: Path) -> None:
@@ -316,10 +359,10 @@ def parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
     k = sub.add_parser("keep", help="keep this machine's results as reference/NAME/")
-    k.add_argument("name", help=f"the machine's name in reports, e.g. h200x2 ({NAME_OK})")
+    k.add_argument("name", type=machine_name, help=f"the machine's name in reports, e.g. h200x2 ({NAME_OK})")
     k.add_argument("--workdir", type=Path, default=Path("."), help="the workflow's working folder (default: .)")
     k.add_argument("--to", type=Path, default=None, help="the reference folder (default: <workdir>/reference)")
-    k.add_argument("--force", action="store_true", help="replace an existing reference/NAME/")
+    k.add_argument("--force", action="store_true", help="replace an existing kept machine reference/NAME/")
     e = sub.add_parser("experiments", help="list the experiments (src/dpscale/registry.py)")
     e.add_argument("--digest", action="store_true",
                    help="also print each experiment's digest: the modules whose change reruns it")
@@ -378,10 +421,13 @@ def main(argv: list[str] | None = None) -> int:
         return answer(a.folder)
     if a.command == "docs":
         return docs(a.check)
-    if not a.name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        ap.error(f"NAME {a.name!r}: use {NAME_OK}")
-    target = keep(a.name, a.workdir, a.to or a.workdir / "reference", a.force)
-    print(f"kept this machine's results as {target}; the next `snakemake report` shows it beside this run")
+    to = a.to or a.workdir / "reference"
+    target = keep(a.name, a.workdir, to, a.force)
+    if to.resolve() == (a.workdir / "reference").resolve():
+        print(f"kept this machine's results as {target}; the next `snakemake report` shows it beside this run")
+    else:   # the report reads <working folder>/reference/ only
+        print(f"kept this machine's results as {target}; a report shows it once it is under the "
+              "working folder's reference/ (`dpscale forecast` and `compare` read it where it is)")
     return 0
 
 
