@@ -430,6 +430,38 @@ def test_cli_names_a_folder_without_runs(tmp_path):
         cli.main(["forecast", str(tmp_path)])
 
 
+@pytest.mark.parametrize("option, value, said", [
+    ("--max-nodes", "0", "0 is less than the minimum of 1"),
+    ("--gpus-per-node", "-1", "-1 is less than the minimum of 1"),
+    ("--knee-efficiency", "80", "80.0 is greater than the maximum of 1"),
+    ("--bootstrap-draws", "0", "0 is less than the minimum of 10"),
+    ("--max-nodes", "100000", "100000 is greater than the maximum of 1024"),
+    ("--bootstrap-draws", "ten", "'ten' is not a whole number")])
+def test_cli_holds_an_option_to_the_schemas_bounds(option, value, said, capsys):
+    """--max-nodes 0 forecast no node, --knee-efficiency 80 a knee of 8000%,
+    --gpus-per-node 0 a math domain error: an audit's findings."""
+    from dpscale import cli
+    with pytest.raises(SystemExit) as e:
+        cli.main(["forecast", str(ROOT / "reference" / "h200x2"), option, value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: dpscale forecast") and f"argument {option}: " in err and said in err
+
+
+def test_cli_says_a_missing_input_or_an_unwritable_output_in_one_line(tmp_path):
+    from dpscale import cli
+    h200x2 = str(ROOT / "reference" / "h200x2")
+    for argv, said in ((["forecast", h200x2, "--book", str(tmp_path / "nope.yaml")], "no such file"),
+                       (["forecast", "--fabric-check", str(tmp_path)], "holds no scales.yaml"),
+                       (["forecast", h200x2, "--no-book", "--bootstrap-draws", "10", "--json", str(tmp_path)],
+                        "Is a directory"),
+                       (["export", h200x2, "--to", str(tmp_path / "a-file" / "x.csv")], "a-file is not a folder")):
+        (tmp_path / "a-file").write_text("")
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert said in str(e.value) and "\n" not in str(e.value), (argv, e.value)
+
+
 FABRICS = ROOT / "reference" / "fabrics" / "nccl-tests"
 
 

@@ -24,6 +24,7 @@ colour per machine.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import shutil
@@ -224,10 +225,27 @@ def add_forecast_parser(sub) -> None:
                         "(of --fabric-check DIR, default reference/fabrics/nccl-tests); validation, every row; "
                         "fabric, docs/fabric-check.md's cases, every payload of each")
     for key, kind, what in (("gpus_per_node", int, "devices per node"), ("max_nodes", int, "most nodes"),
-                            ("knee_efficiency", float, "efficiency threshold of the knee"),
+                            ("knee_efficiency", float, "efficiency threshold of the knee, a fraction"),
                             ("bootstrap_draws", int, "bootstrap draws of the band")):
-        f.add_argument(f"--{key.replace('_', '-')}", dest=key, type=kind, default=None,
-                       help=f"{what} (default: schemas/config.schema.yaml forecast.{key})")
+        f.add_argument(f"--{key.replace('_', '-')}", dest=key, type=functools.partial(_forecast_value, key, kind),
+                       default=None, help=f"{what} (default: schemas/config.schema.yaml forecast.{key})")
+
+
+def _forecast_value(key: str, kind, text: str):
+    """An option's value, held to the schema's bounds for forecast.<key> (one source with
+    the configuration: --max-nodes 0 ran a forecast of no node, --knee-efficiency 80 one of
+    8000%)."""
+    import jsonschema
+    from dpscale.plan.config import schema
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}")
+    prop = schema()["properties"]["forecast"]["properties"][key]
+    for e in jsonschema.Draft202012Validator(prop).iter_errors(value):
+        raise argparse.ArgumentTypeError(f"{text}: {e.message} (forecast.{key} in schemas/config.schema.yaml, "
+                                         f"default {prop['default']})")
+    return value
 
 
 def forecast(a) -> int:
@@ -242,8 +260,15 @@ def forecast(a) -> int:
     if a.markdown == "fabric":
         print(fct.fabric_markdown(a.fabric_check or ROOT / "reference" / "fabrics" / "nccl-tests"), end="")
         return 0
+    if a.fabric_check and not (a.fabric_check / "scales.yaml").is_file():
+        raise SystemExit(f"dpscale forecast: --fabric-check {a.fabric_check} holds no scales.yaml; name a folder "
+                         "of one cluster's nccl-tests outputs and its scales.yaml (docs/fabric-check.md), e.g. "
+                         "reference/fabrics/nccl-tests")
+    if not a.no_book and not a.book.is_file():
+        raise SystemExit(f"dpscale forecast: --book {a.book}: no such file; name the book's numbers "
+                         f"(default {bookmod.SOURCE}) or pass --no-book")
     if a.fabric_check and not a.markdown:
-        print(fct.fabric_check_text(a.fabric_check, json_path=a.json))
+        print(_writing("forecast", a.json, lambda: fct.fabric_check_text(a.fabric_check, json_path=a.json)))
         return 0
     dirs = a.dirs or reference_folders([default_reference("forecast")])
     bad = [d for d in dirs if not layout.kept(d).has_results()]
@@ -271,7 +296,7 @@ def forecast(a) -> int:
     print(fct.text(forecasts))
     print(fct.tta_text(machines, forecasts))
     if a.json:
-        fcr.write(a.json, forecasts)
+        _writing("forecast", a.json, lambda: fcr.write(a.json, forecasts))
         print(f"\nwrote {a.json}")
     return 0
 
@@ -320,8 +345,22 @@ def export(dirs: list[Path], to: str) -> int:
     if to == "-":
         sys.stdout.write(df.to_csv(index=False))
     else:
-        tidy.write(kept, to)
+        _writing("export", to, lambda: tidy.write(kept, to))
     return len(df)
+
+
+def _writing(command: str, path, write):
+    """write(), with a path the user named that cannot be written said in one line (a
+    folder, a read-only disk, a missing parent), not a traceback."""
+    try:
+        return write()
+    except OSError as e:
+        if path is None or e.filename is None:
+            raise
+        parents = [p for p in Path(path).parents if p.exists()][:1]
+        why = f"{parents[0]} is not a folder" if parents and not parents[0].is_dir() else e.strerror
+        raise SystemExit(f"dpscale {command}: cannot write {path}: {why}; name a file in a folder you "
+                         "can write") from None
 
 
 def answer(folder: Path) -> int:
