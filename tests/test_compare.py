@@ -36,11 +36,13 @@ def test_rows_hold_the_jsons_numbers_and_say_when_there_is_no_interval():
     assert str(df["B/A"].dtype) == "float64"
 
 
-def test_a_machine_against_itself_gives_ratio_1_inside_its_interval(tmp_path):
+def test_a_machine_against_itself_gives_ratio_1_inside_its_interval(tmp_path, monkeypatch):
     """The h200's throughput points, with the lone k=1 series of its earlier run (7aa3da0:
     3 launches of one timed epoch each) put back, and one more point kept from 5a04905 (3
     launches of 2 timed epochs) cut to its first launch (its timed epochs the only
-    samples): both kinds of interval."""
+    samples): both kinds of interval. (Read as two machines that measured the same
+    numbers: one measurement in both folders gets no interval, the next test.)"""
+    monkeypatch.setattr(compare, "same_measurement", lambda ra, rb: False)
     h200 = shutil.copytree(H200, tmp_path / "h200", ignore=shutil.ignore_patterns("logs", "report", "extended"))
     earlier = H200 / "earlier" / "7aa3da0"
     for e, v in (("ddp_weak", "seed"), ("ddp_weak", "cached"), ("jax_weak", "host"), ("fsdp", "default")):
@@ -56,6 +58,24 @@ def test_a_machine_against_itself_gives_ratio_1_inside_its_interval(tmp_path):
     launched = df.apply(lambda r: "samples_per_s_launches" in _metrics(h200, r.experiment, r.variant, r.k), axis=1)
     assert set(df.covers[launched]) == {"independent launches"}
     assert set(df.covers[~launched]) == {"timed epochs within one launch"} and launched.any() and (~launched).any()
+
+
+def test_a_run_against_its_own_kept_copy_gets_no_interval(tmp_path):
+    """`dpscale compare results reference/<its keep>` gave 1.000 [0.976, 1.024]: one set of
+    launches read as two independent machines (the one-folder check compares paths; keep
+    rewrites paths and seals again, so the digests differ too)."""
+    work = _workdir_from(H200X2, tmp_path / "work")
+    kept = cli.keep("x2", work, tmp_path / "reference")
+    df = compare.table(compare.load(work / "results"), compare.load(kept))
+    assert len(df) >= 3 and (df["B/A"] == 1.0).all() and df.ci_lo.isna().all() and df.ci_hi.isna().all()
+    assert (df.note == "one measurement in both folders (a copy): no interval").all()
+
+
+def test_a_tuned_step_or_data_that_differ_are_named():
+    row = compare.table(compare.load(H200), compare.load(H200X2)).set_index(["experiment", "variant", "k"])
+    note = row.loc[("ddp_weak", "tuned", 1), "note"]
+    assert "tuned step differs in cancelled_bias (drop vs None)" in note
+    assert "data differs in source (real vs synthetic)" in note
 
 
 def test_protocol_difference_is_named(tmp_path):

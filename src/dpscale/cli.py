@@ -49,7 +49,9 @@ busbw_GBps_64MiB and avg_busbw_GBps): A, B, and B/A with its 95% interval comput
 the ratio (Fieller's; the two machines' samples are independent) and what the interval
 covers: independent launches (samples_per_s_launches) or the timed epochs within one
 launch (samples_per_s_repeats). A result with one number (no repeats) gives B/A with no
-interval, and its note says so; a note also names protocol keys that differ.
+interval, and its note says so; so does one measurement found in both folders (a run and
+its kept copy). A note also names what differs: protocol keys, the tuned step's choices,
+the data's source (real or the synthetic stand-in).
 
 example: dpscale compare reference/h200 reference/h200x2"""
 

@@ -42,20 +42,40 @@ def load(folder: Path) -> Machine:
     return m
 
 
+def _differ(a: dict, b: dict, skip=()) -> list[str]:
+    return [f"{k} ({a.get(k)} vs {b.get(k)})" for k in sorted(set(a) | set(b)) if k not in skip and a.get(k) != b.get(k)]
+
+
 def _protocol_note(ra: dict, rb: dict) -> str:
-    pa, pb = ((r.get("config") or {}).get("protocol") or {} for r in (ra, rb))
-    differ = sorted(k for k in set(pa) | set(pb) if k not in SAME_ANYWAY and pa.get(k) != pb.get(k))
-    return "not like for like: protocol differs in " + ", ".join(
-        f"{k} ({pa.get(k)} vs {pb.get(k)})" for k in differ) if differ else ""
+    """What makes two results not like for like: the protocol, the tuned step's own
+    choices (stem, projection, ...), the data (real against the synthetic stand-in)."""
+    ca, cb = ra.get("config") or {}, rb.get("config") or {}
+    da, db = ra.get("data") or {}, rb.get("data") or {}
+    parts = [(what, d) for what, d in (
+        ("protocol", _differ(ca.get("protocol") or {}, cb.get("protocol") or {}, SAME_ANYWAY)),
+        ("tuned step", _differ(ca.get("tuned") or {}, cb.get("tuned") or {})),
+        ("data", _differ({"source": da.get("source")}, {"source": db.get("source")}))) if d]
+    return "not like for like: " + "; ".join(f"{what} differs in " + ", ".join(d) for what, d in parts) \
+        if parts else ""
+
+
+def same_measurement(ra: dict, rb: dict) -> bool:
+    """One measurement in two folders (a run and its kept copy: `keep` rewrites paths and
+    seals again, so the digests differ): started at the same instant with the same numbers."""
+    return ra.get("started_utc") == rb.get("started_utc") and ra.get("metrics") == rb.get("metrics")
 
 
 def _row(key: tuple, name: str, ra: dict, rb: dict) -> dict:
     (xa, _), (xb, _) = samples(ra, name), samples(rb, name)
     r = ratio(rb, ra, name)
     e, v, k = key
-    note = "" if r["ci_lo"] is not None else (
-        f"no interval: B has {len(xb)} sample(s), A has {len(xa)}; an interval needs 2 on each side"
-        if min(len(xa), len(xb)) < 2 else r["method"])
+    if same_measurement(ra, rb):   # no ratio of independent samples: one set of launches read twice
+        r = {**r, "ci_lo": None, "ci_hi": None, "covers": ""}
+        note = "one measurement in both folders (a copy): no interval"
+    else:
+        note = "" if r["ci_lo"] is not None else (
+            f"no interval: B has {len(xb)} sample(s), A has {len(xa)}; an interval needs 2 on each side"
+            if min(len(xa), len(xb)) < 2 else r["method"])
     note = "; ".join(t for t in (note, _protocol_note(ra, rb)) if t)
     return {"experiment": e, "variant": v, "k": k, "metric": name, "unit": METRICS[name],
             "A": sum(xa) / len(xa), "B": sum(xb) / len(xb), "B/A": r["value"], "ci_lo": r["ci_lo"],
