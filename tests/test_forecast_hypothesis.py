@@ -230,7 +230,7 @@ def test_a_dropped_k1_result_is_said_by_the_command(tmp_path, capsys):
     shutil.copytree(ROOT / "reference" / "h200", copy, ignore=shutil.ignore_patterns("logs", "report", "extended"))
     gone = copy / "runs" / "ddp_weak" / "tuned" / "k1.json"
     gone.unlink()
-    assert cli.main(["forecast", str(copy), "--no-book", "--bootstrap-draws", "2"]) == 0
+    assert cli.main(["forecast", str(copy), "--no-book", "--bootstrap-draws", "10"]) == 0
     text = capsys.readouterr().out
     line = next(x for x in text.splitlines() if str(gone) in x)
     assert line.startswith("  left out: ") and "DDP [tuned] has no k=1 throughput left, so no forecast of it" in line
@@ -258,7 +258,7 @@ def write_table(sw: ff.Sweep, path: Path) -> Path:
 
 def forecast_text(capsys, *args) -> str:
     from dpscale import cli
-    assert cli.main(["forecast", *map(str, args), "--bootstrap-draws", "2"]) == 0
+    assert cli.main(["forecast", *map(str, args), "--bootstrap-draws", "10"]) == 0
     return capsys.readouterr().out
 
 

@@ -86,6 +86,19 @@ def test_every_committed_metric_has_a_unit():
     assert not unitless, f"metric names that carry no unit tidy.UNITS knows: {unitless}"
 
 
+def test_export_is_the_reports_table_of_a_kept_machine(tmp_path):
+    """`dpscale export reference/h200` wrote 292 rows, its report's results.csv 421: every
+    time-to-accuracy speed-up, statistical efficiency and forecast row was missing."""
+    out = tmp_path / "h200.csv"
+    cli.export([ROOT / "reference" / "h200"], str(out))
+    key = ["machine", "experiment", "variant", "k", "metric"]
+    got = pd.read_csv(out)
+    report = pd.read_csv(ROOT / "reference" / "h200" / "report" / "results.csv")
+    report = report[report.machine == "h200"]
+    assert set(map(tuple, got[key].astype(str).values)) == set(map(tuple, report[key].astype(str).values))
+    assert {"tta_speedup", "statistical_efficiency"} <= set(got.metric)
+
+
 def test_export_writes_the_kept_machines(fixture_machines, tmp_path, capsys):
     tmp, _ms = fixture_machines
     out = tmp_path / "kept.csv"

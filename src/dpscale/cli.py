@@ -341,13 +341,17 @@ def export(dirs: list[Path], to: str) -> int:
             raise SystemExit(f"dpscale export: {d} holds no kept machine (no runs/ in it or in its "
                              "sub-folders); keep one with `dpscale keep NAME`")
         folders += found
+    from dpscale.report.chapters.tta import tidy_rows
     kept = [machines.load_reference(f) for f in dict.fromkeys(folders)]
     name_left_out("export", kept)
-    df = tidy.table(kept)
+    # the report's numbers computed from several results (time to accuracy's speed-ups,
+    # statistical efficiency, the forecast): the same table as results/report/results.csv
+    derived = tidy_rows(machines.ReportData(machines=kept))
+    df = tidy.table(kept, derived)
     if to == "-":
         sys.stdout.write(df.to_csv(index=False))
     else:
-        _writing("export", to, lambda: tidy.write(kept, to))
+        _writing("export", to, lambda: tidy.write(kept, to, derived))
     return len(df)
 
 
