@@ -424,6 +424,14 @@ def test_cli_prints_the_forecast_and_the_validation_from_kept_results(capsys, tm
     assert [r["k"] for r in rec["machines"][0]["series"][0]["rows"]][-1] == 128
 
 
+def test_cli_reads_a_folder_named_twice_once(capsys):
+    """reference/x and reference/x/ were two machines: the pooled coverage counted each row twice."""
+    from dpscale import cli
+    x2 = ROOT / "reference" / "h200x2"
+    assert cli.main(["forecast", str(x2), f"{x2}/", "--no-book", "--bootstrap-draws", "10"]) == 0
+    assert capsys.readouterr().out.count("== h200x2") == 1
+
+
 def test_cli_names_a_folder_without_runs(tmp_path):
     from dpscale import cli
     with pytest.raises(SystemExit, match="has no runs/ folder"):

@@ -272,7 +272,11 @@ def forecast(a) -> int:
     if a.fabric_check and not a.markdown:
         print(_writing("forecast", a.json, lambda: fct.fabric_check_text(a.fabric_check, json_path=a.json)))
         return 0
-    dirs = a.dirs or reference_folders([default_reference("forecast")])
+    # one machine named twice (reference/x and reference/x/) would count its rows twice
+    named: dict[Path, Path] = {}
+    for d in a.dirs:
+        named.setdefault(Path(d).resolve(), Path(d))
+    dirs = list(named.values()) or reference_folders([default_reference("forecast")])
     bad = [d for d in dirs if not layout.kept(d).has_results()]
     if bad:
         raise SystemExit(f"dpscale forecast: {bad[0]} has no runs/ folder; pass a folder kept by `dpscale keep` "

@@ -130,7 +130,8 @@ def load(path: str | os.PathLike) -> dict:
     try:
         fp = json.loads(path.read_text())
     except OSError as e:
-        raise ValueError(f"hardware_file: cannot read {path}: {e.strerror}. "
+        where = "" if path.is_absolute() else f" (relative to the working folder {Path.cwd()}, as `-d` sets it)"
+        raise ValueError(f"hardware_file: cannot read {path}{where}: {e.strerror}. "
                          f"Point hardware_file at a fingerprint JSON ({FINGERPRINT_PATH} "
                          "from the target machine) or set it to null to probe this machine.") from e
     except json.JSONDecodeError as e:
