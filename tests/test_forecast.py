@@ -487,6 +487,27 @@ def test_a_users_nccl_tests_output_forecasts_four_nodes_of_eight(capsys):
     assert "%" in row and "–%" not in row.split("predicted")[1].split()[0], row
 
 
+def test_a_between_node_file_alone_leaves_the_machines_own_ring(capsys):
+    """A two-node nccl-tests file covers the tier between nodes only: the machine's own
+    in-node sweep stays its ring. The free link the file implies ("in-node part
+    neglected") replaced it: an audit's two-core smoke run read a predicted k=2 weak
+    efficiency of 94% instead of 84%, where it measured 67%."""
+    from dpscale import cli
+    from dpscale.report import forecast as fcr
+    from dpscale.report.machines import load_reference
+    m = load_reference(ROOT / "reference" / "h200x2")
+    given = fcr.given_fabric([str(FABRICS / "h100_2node_srun_label.txt")])
+    assert given.intra_neglected and given.explicit
+    cfg = fcr.settings(None, bootstrap_draws=10)
+    alone, own = fcr.of_machine(m, cfg, given), fcr.of_machine(m, cfg, fcr.default_fabric(cfg))
+    in_node = [(s["series"], r["k"], r["weak_efficiency"]) for f in (alone, own) for s in f["series"] for r in s["rows"]
+               if r["k"] <= 2]
+    assert in_node[:len(in_node) // 2] == in_node[len(in_node) // 2:] and in_node
+    assert cli.main(["forecast", str(ROOT / "reference" / "h200x2"), "--no-book", "--bootstrap-draws", "10",
+                     "--fabric", str(FABRICS / "h100_2node_srun_label.txt")]) == 0
+    assert "in one node: this machine's all-reduce sweep at k=2" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("body, why", [("size,count\n1,2\n", "no all-reduce rows found"), (None, "no such file")])
 def test_a_bad_fabric_file_gets_one_line_naming_it(tmp_path, body, why):
     from dpscale import cli

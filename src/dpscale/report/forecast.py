@@ -172,14 +172,15 @@ def given_of(sweeps: list, *, explicit: bool = True, per_node: int | None = None
     _check_layout(one, multi, per_node)
     intra = fabric_file.fabric_tiers(one[0]).intra if one else None
     tiers = fabric_file.fabric_tiers(multi[0]) if multi else None
-    if intra is None and tiers and tiers.per_node > 1:
-        intra = tiers.intra   # "neglected", and says so
+    neglected = intra is None and bool(tiers) and tiers.per_node > 1
+    if neglected:
+        intra = tiers.intra   # "neglected", and says so; never over a ring the machine measured
     name = (lambda s: f"{Path(s.source).name} ({s.ranks} ranks on {s.hosts} host(s)" + (f", {s.gpu}" if s.gpu else "")
             + ")")
     return fit.Given(intra, tiers.inter if tiers else None, tiers.per_node if tiers else None,
                      "; ".join(name(s) for s in one[:1] + multi[:1]), explicit,
                      name(one[0]) if one else (f"{name(multi[0])}: in-node part neglected" if intra else ""),
-                     name(multi[0]) if multi else "", mixed_gpus(one[:1], multi[:1]))
+                     name(multi[0]) if multi else "", mixed_gpus(one[:1], multi[:1]), neglected)
 
 
 def mixed_gpus(one: list, multi: list) -> str:

@@ -67,6 +67,8 @@ class Given:
     intra_source: str = ""
     inter_source: str = ""
     mixed: str = ""                  # the files' two GPU models, said in one line ("": one model)
+    intra_neglected: bool = False    # intra is the free link a multi-host file alone implies: no file
+    #                                  covers the in-node tier, so a machine's own sweep goes first
 
 
 def compute_line(s: Reading, rng=None) -> tuple[float, float, str] | None:
@@ -106,7 +108,7 @@ def fabric(s: Reading, k: int, nodes: int, per_node: int, rule: str, given: Give
     """The in-node ring for a model of k on `nodes` nodes of per_node devices, and its
     source: a given file first (rule "any" only), else the machine's one-node sweep (at k,
     or at most per_node across nodes, as the rule allows), else a default file."""
-    if rule == "any" and given.explicit and given.intra is not None:
+    if rule == "any" and given.explicit and given.intra is not None and not given.intra_neglected:
         return _given_tier(given, IN_NODE, s.log)
     ks = list(s.sweeps)
     pick = max((x for x in ks if x <= per_node), default=None) if nodes > 1 and rule != "any" else _pick(ks, k, rule)
