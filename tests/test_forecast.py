@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import re
 from pathlib import Path
@@ -508,7 +509,13 @@ def test_a_between_node_file_alone_leaves_the_machines_own_ring(capsys):
     assert "in one node: this machine's all-reduce sweep at k=2" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("body, why", [("size,count\n1,2\n", "no all-reduce rows found"), (None, "no such file")])
+SKIPPED_ALLREDUCE = json.dumps({"experiment": "allreduce", "variant": "memcpy", "k": 2, "status": "skipped",
+                                "reason": "NCCL_SHM_USE_CUDA_MEMCPY is NCCL's; this run's backend is gloo",
+                                "metrics": {}})
+
+
+@pytest.mark.parametrize("body, why", [("size,count\n1,2\n", "no all-reduce rows found"), (None, "no such file"),
+                                       (SKIPPED_ALLREDUCE, "status 'skipped', no sweep: NCCL_SHM_USE_CUDA_MEMCPY")])
 def test_a_bad_fabric_file_gets_one_line_naming_it(tmp_path, body, why):
     from dpscale import cli
     bad = tmp_path / "fabric.txt"

@@ -483,6 +483,9 @@ def _read_json(p: Path, text: str, ranks, hosts, placement) -> Sweep:
         return _read_nccl_json(p, doc, ranks, hosts, placement)
     if isinstance(doc, dict) and isinstance(doc.get("metrics"), dict) and costmodel.allreduce_rows(doc["metrics"]):
         return _read_dpscale(p, doc, ranks, hosts, placement)
+    if isinstance(doc, dict) and doc.get("experiment") == "allreduce" and doc.get("status") != "ok":
+        raise FabricFileError(f"{p}: an all-reduce result with status {doc.get('status')!r}, no sweep: "
+                              f"{doc.get('reason') or 'no reason recorded'}; pass one with status ok")
     raise FabricFileError(f"{p}: JSON of another shape (neither nccl-tests' -J output, with a 'results' list, nor "
                           f"a dpscale all-reduce result, with metrics.table); {EXPECTED}")
 
