@@ -293,12 +293,14 @@ def fetch(root, source: str, mirrors: list[str], local_dir=None, retries: int = 
         write_synthetic(root)
         prov.update(source="synthetic", origin="dpscale.data.fetch.synthetic (seeds 0, 1)")
     elif source in ("download", "auto"):
-        folders = local_candidates(local_dir, system_dirs, resources)
-        if local_dir and str(local_dir) not in folders:
-            # the user named a folder that cannot serve (a typo, a missing file): copy_local
-            # says why, loudly and in the provenance, instead of quietly using another copy
-            folders.insert(0, str(local_dir))
-        found = _from_folders(root, folders, resources, unpacked) if source == "auto" else None
+        found = None
+        if source == "auto":
+            folders = local_candidates(local_dir, system_dirs, resources)
+            if local_dir and str(local_dir) not in folders:
+                # the user named a folder that cannot serve (a typo, a missing file): copy_local
+                # says why, loudly and in the provenance, instead of quietly using another copy
+                folders.insert(0, str(local_dir))
+            found = _from_folders(root, folders, resources, unpacked)
         prov.update(found or {})
         if not found or "source" not in found:
             prov.update(_download_or_standin(root, source, mirrors, retries, timeout_s, backoff_s, resources))

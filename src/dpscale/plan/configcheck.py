@@ -154,4 +154,3 @@ def check_file(path) -> None:
             loader.get_single_data()
         finally:
             loader.dispose()
-
