@@ -35,6 +35,14 @@ CONFIGFILE = (
 )
 
 
+# config.yaml written wrongly (a tab, an unclosed bracket): the line and the fault in one
+# line, before Snakemake's loader says only "not valid JSON or YAML".
+try:
+    check_file(CONFIGFILE)
+except ConfigError as e:
+    sys.exit(f"Invalid configuration: {e}")
+
+
 configfile: CONFIGFILE
 
 

@@ -67,6 +67,23 @@ def test_a_key_written_twice_in_the_config_file_is_named(repo):
     assert not (repo / "results/runs").exists()
 
 
+@pytest.mark.workflow
+def test_a_config_file_that_is_not_yaml_is_named_with_its_line(repo):
+    """Snakemake's loader says only "not valid JSON or YAML": a quote left open on the
+    `scale:` line is named there, and where the parser ran out."""
+    lines = (repo / "config.yaml").read_text().splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.startswith("scale: ")) + 1
+    broken = [ln.replace("scale: ", 'scale: "', 1) if i + 1 == at else ln for i, ln in enumerate(lines)]
+    (repo / "config.yaml").write_text("\n".join(broken) + "\n")
+    p = smk(repo, "-n", "--cores", "1", "report", check=False)
+    assert p.returncode != 0
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("Invalid configuration: config.yaml is not YAML: found unexpected end of stream "
+                           f"at line {len(lines) + 1}, column 1, while scanning a quoted scalar from line {at}, "), last
+    assert "Traceback" not in p.stderr
+    assert not (repo / "results/runs").exists()
+
+
 # ---------------------------------------------------------------- 2. killed mid-run
 
 def _result_files(repo: Path) -> dict[str, int]:

@@ -146,11 +146,32 @@ _KeysOnce.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mappi
 
 
 def check_file(path) -> None:
-    """Raise ConfigError if the YAML file at `path` writes a key twice in one mapping."""
+    """Raise ConfigError if the YAML file at `path` writes a key twice in one mapping, or
+    is not YAML (Snakemake's own message names neither the line nor the fault)."""
     with open(path) as f:
         loader = _KeysOnce(f)
         loader.name = str(path)
         try:
             loader.get_single_data()
+        except yaml.MarkedYAMLError:
+            raise ConfigError(_not_yaml(path)) from None
         finally:
             loader.dispose()
+
+
+def _not_yaml(path) -> str:
+    """Where and why `path` is not YAML, in PyYAML's pure-Python words (libyaml's, from
+    the C loader, say "did not find expected node content" for an unclosed bracket)."""
+    try:
+        with open(path) as f:
+            yaml.load(f, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        def at(mark):
+            return f"line {mark.line + 1}, column {mark.column + 1}"
+        why = f"{e.problem} at {at(e.problem_mark)}" if e.problem_mark else str(e.problem or e)
+        if e.context and e.context_mark:
+            why += f", {e.context} from {at(e.context_mark)}"
+        elif e.context:
+            why += f", {e.context}"
+        return f"{path} is not YAML: {why}; fix it there (indent with spaces, not tabs; close every bracket and quote)"
+    return f"{path} is not YAML"
