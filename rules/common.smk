@@ -19,6 +19,9 @@ try:
     CACHE = dsconfig.resolve_cache(config)  # compilation caches: a resource, like LOCKS
 except ValueError as e:  # ConfigError, a bad hardware_file: one line, no traceback
     sys.exit(f"Invalid configuration: {e}")
+if config["hardware_file"] and workflow.is_main_process:
+    if _unstated := dsfp.unstated_warning(config["hardware_file"], FP):
+        logger.warning(_unstated)
 
 PROTO = RESOLVED["protocol"]
 DATA, FLOPS, RAW = jobs.DATA, jobs.FLOPS, jobs.RAW

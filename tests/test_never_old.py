@@ -406,6 +406,9 @@ def test_a_fingerprint_count_that_is_not_a_number_is_one_line(tmp_path, primed):
     assert p.returncode != 0
     assert p.stderr.splitlines()[-1] == (f"Invalid configuration: hardware_file: {hw}: 'gpu_count' is \"two\"; "
                                          "it must be a whole number >= 0 (e.g. \"gpu_count\": 2)")
+    hw.write_text(json.dumps({"gpu_count": 0, "cpu_count": 2}))   # accepted, with what it leaves out said
+    p = smk(primed, "-n", "--cores", "1", "report", "--config", f"hardware_file={hw}")
+    assert f"hardware_file {hw} leaves out gpu_model, gpu_memory_MiB, driver, cuda, nccl, torch," in p.stdout, p.stdout
 
 
 def test_a_list_with_an_open_bracket_is_one_line_with_the_fix(primed):

@@ -298,6 +298,20 @@ def test_hardware_file_errors_name_the_key(tmp_path):
         fingerprint.load(tmp_path / "x.json")
 
 
+def test_a_hand_written_hardware_file_names_the_keys_it_leaves_out(tmp_path):
+    """A probe's fingerprint states every key a job depends on (null where absent), so it
+    draws no warning; one written by hand with gpu_count alone names every such key."""
+    probed = fingerprint.probe()
+    assert fingerprint.unstated(probed) == [] and fingerprint.unstated_warning("a.json", probed) is None
+    (tmp_path / "hw.json").write_text('{"gpu_count": 2}')
+    fp = fingerprint.load(tmp_path / "hw.json")
+    depended = set(fingerprint.TORCH_KEYS + fingerprint.JAX_KEYS + fingerprint.MULTI_DEVICE_KEYS)
+    assert set(fingerprint.unstated(fp)) == depended
+    del probed["torch"]
+    line = fingerprint.unstated_warning("hw.json", probed)
+    assert line.startswith("hardware_file hw.json leaves out torch: a change of that on the machine "), line
+
+
 # ---------------------------------------------------------------- timing, watchdog
 
 def test_summary_quantiles():

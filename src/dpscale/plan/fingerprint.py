@@ -147,6 +147,23 @@ def load(path: str | os.PathLike) -> dict:
     return fp
 
 
+def unstated(fp: dict) -> list[str]:
+    """The keys some family's jobs depend on that a fingerprint file leaves out (a file
+    written by hand, not by probe(), which writes every key, null where absent): a change
+    of those on the machine would rerun nothing."""
+    wanted = dict.fromkeys(TORCH_KEYS + JAX_KEYS + MULTI_DEVICE_KEYS)
+    return [key for key in wanted if key not in fp]
+
+
+def unstated_warning(path, fp: dict) -> str | None:
+    """One line for a hardware_file that leaves out keys the jobs depend on, or None."""
+    if not (missing := unstated(fp)):
+        return None
+    return (f"hardware_file {path} leaves out {', '.join(missing)}: a change of "
+            f"{'that' if len(missing) == 1 else 'those'} on the machine will rerun nothing that "
+            "depends on it; write the file with the probe (docs/cluster.md, step 1)")
+
+
 # The counts a fingerprint file must hold as whole numbers: the plan does arithmetic on them.
 COUNTS = {"gpu_count": 0, "cpu_count": 1}
 
