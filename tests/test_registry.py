@@ -13,8 +13,9 @@ from unittest import mock
 
 import pytest
 from conftest import CPU_FP, ROOT
+from hypothesis import given, settings, strategies as st
 
-from dpscale.plan import config as dsconfig, specs
+from dpscale.plan import config as dsconfig, jobs, specs
 from dpscale import provenance, registry
 from dpscale.report.chapters import CHAPTERS
 
@@ -183,3 +184,27 @@ def test_every_experiment_has_its_cluster_resources_in_the_slurm_profile():
         assert "--exclusive" in r["slurm_extra"], name
         if e.limit_key and e.limit_key in paper:
             assert r["runtime"] * 60 >= paper[e.limit_key], (name, r["runtime"], paper[e.limit_key])
+
+
+@settings(max_examples=25, deadline=None)
+@given(ks=st.lists(st.sampled_from([1, 2, 4, 8, 16]), min_size=1, max_size=4, unique=True),
+       gpus=st.sampled_from([0, 1, 2, 8]), cores=st.integers(1, 16))
+def test_the_plans_skipped_line_counts_the_jobs_that_will_skip(ks, gpus, cores):
+    """The line said when the workflow is parsed (a dry run lists skipped jobs as jobs)
+    counts exactly the planned results whose spec will be recorded skipped, and names
+    every k that is short of devices."""
+    fp = {**CPU_FP, "gpu_count": gpus, "cpu_count": cores, "gpu_model": "H200" if gpus else None}
+    resolved = dsconfig.resolve({"scale": "smoke", "ks": sorted(ks), "hardware_file": None, "tuned": "auto",
+                                 "experiments": "all", "data": {"source": "auto", "local_dir": None},
+                                 "watchdog": {"hang_timeout_s": "auto", "grace_s": 15}, "scales": {}}, fp)
+    plan = jobs.planned_of(resolved, fp)
+    skips = [t for t in specs.targets(resolved) if plan(t)[0]["skip_reason"]]
+    line = specs.skipped_line(resolved, fp)
+    if not skips:
+        assert line is None
+        return
+    assert line.startswith(f"Plan: {len(specs.targets(resolved))} results, {len(skips)} of them recorded as "
+                           "skipped without running: "), line
+    short = {plan(t)[0]["k"] for t in skips if plan(t)[0]["skip_reason"].startswith("k=")}
+    for k in short:
+        assert re.search(rf"\bk={k}\b", line), (k, line)

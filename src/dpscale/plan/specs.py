@@ -99,6 +99,36 @@ def skip_reason(experiment: str, variant: str, k: int, fp: dict,
     return None
 
 
+def skipped_line(resolved: dict, fp: dict) -> str | None:
+    """One line, said when the workflow is parsed (a dry run too): how many planned results
+    will be recorded as skipped without running, and why, grouped; None when none is. A
+    dry run otherwise lists them as jobs like any other (k=8 on a two-core box)."""
+    cluster = resolved.get("cluster")
+    planned_ = planned(resolved)
+    devices, k_short, lone, other = dscluster.capacity(dscluster.effective(cluster, fp)), set(), 0, {}
+    for e, v, k in planned_:
+        if why := skip_reason(e, v, k, fp, cluster):
+            if why.startswith(f"k={k} needs "):
+                k_short.add(k)
+            else:
+                other[why] = other.get(why, 0) + 1
+        elif lone_k1(resolved, fp, e, v, k):
+            lone += 1
+    n_short = sum(1 for e, v, k in planned_ if k in k_short and skip_reason(e, v, k, fp, cluster))
+    if not (n := n_short + lone + sum(other.values())):
+        return None
+    parts = []
+    if k_short:
+        ks = [f"k={k}" for k in sorted(k_short)]
+        ks = " and ".join(ks) if len(ks) <= 2 else ", ".join(ks[:-1]) + f" and {ks[-1]}"
+        parts.append(f"{n_short} at {ks}, which need{'s' * (len(k_short) == 1)} more devices than the {devices} here")
+    if lone:
+        parts.append(f"{lone} lone k=1 (no k >= 2 to divide by; lone_k1=true measures them)")
+    parts += [f"{c} because {why}" for why, c in other.items()]
+    return (f"Plan: {len(planned_)} results, {n} of them recorded as skipped without running: "
+            + "; ".join(parts))
+
+
 # CPU threads each rank computes with, the same at every k and on every machine. Set
 # explicitly: torchrun sets OMP_NUM_THREADS=1 only when it starts more than one process,
 # so k=1 computed with every core and k >= 2 with one (a CPU stand-in's k=1 was up to
