@@ -28,6 +28,7 @@ for _exp in registry.EXPERIMENTS.values():
             f"../envs/{_exp.family}.yaml"
         resources:
             **MEASURE,
+            runtime=jobs.runtime_of(_exp, RESOLVED, FP, LOCKS),
         params:
             scripts=SCRIPTS,
             spec=jobs.spec_of(_exp, RESOLVED, FP),

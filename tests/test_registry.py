@@ -17,6 +17,7 @@ from hypothesis import given, settings, strategies as st
 
 from dpscale.plan import config as dsconfig, jobs, specs
 from dpscale import provenance, registry
+from dpscale.run import launches
 from dpscale.report.chapters import CHAPTERS
 
 PARSED = ("src", "rules", "scripts", "Snakefile", "schemas", "config.yaml")
@@ -169,21 +170,49 @@ def test_variants_and_ks_policies():
 
 def test_every_experiment_has_its_cluster_resources_in_the_slurm_profile():
     """profiles/slurm (issue #55): every experiment of the registry gets the measurement
-    block (CPUs and memory per GPU, whole nodes, a runtime), and that runtime covers the
-    longest the job's own limit lets it run at paper scale (ddp_tta: tta_timeout_s), so
-    the cluster never kills a job its watchdog would still let finish."""
+    block (CPUs and memory per GPU, whole nodes) and no runtime: a runtime set there would
+    override the one each rule derives from its own watchdog limits (jobs.runtime_of)."""
     import yaml
     prof = yaml.safe_load((ROOT / "profiles/slurm/config.yaml").read_text())["set-resources"]
-    paper = yaml.safe_load((ROOT / "schemas/config.schema.yaml").read_text())["properties"]["scales"]["properties"][
-        "paper"]["default"]
     missing = [e for e in registry.EXPERIMENTS if e not in prof]
     assert not missing, f"profiles/slurm/config.yaml set-resources has no block for {missing}"
-    for name, e in registry.EXPERIMENTS.items():
+    for name in registry.EXPERIMENTS:
         r = prof[name]
-        assert {"cpus_per_gpu", "mem_mb_per_cpu", "runtime", "slurm_extra"} <= set(r), name
+        assert {"cpus_per_gpu", "mem_mb_per_cpu", "slurm_extra"} <= set(r), name
+        assert "runtime" not in r, (name, r)
         assert "--exclusive" in r["slurm_extra"], name
-        if e.limit_key and e.limit_key in paper:
-            assert r["runtime"] * 60 >= paper[e.limit_key], (name, r["runtime"], paper[e.limit_key])
+    assert "runtime=jobs.runtime_of(" in (ROOT / "rules/measure.smk").read_text()
+
+
+class _W:
+    def __init__(self, variant, k):
+        self.variant, self.k = variant, str(k)
+
+
+@settings(max_examples=30, deadline=None)
+@given(scale=st.sampled_from(["smoke", "paper"]), gpus=st.sampled_from([0, 1, 8]),
+       hang=st.one_of(st.just("auto"), st.integers(1, 20000)), grace=st.integers(0, 120),
+       wait=st.one_of(st.just("auto"), st.integers(0, 7200)), tta=st.integers(1, 50000),
+       k=st.sampled_from([1, 2, 8]))
+def test_a_jobs_cluster_time_limit_covers_everything_its_watchdog_may_take(scale, gpus, hang, grace, wait, tta, k):
+    """SLURM ends a job at its runtime; the watchdog must end it first and say why: the
+    runtime covers the lock wait plus every launch's limit and grace, for every job."""
+    fp = {**CPU_FP, "gpu_count": gpus, "cpu_count": 8, "gpu_model": "H200" if gpus else None}
+    cfg = {"scale": scale, "ks": [1, 2, 8], "hardware_file": None, "tuned": "auto", "experiments": "all",
+           "data": {"source": "auto", "local_dir": None}, "watchdog": {"hang_timeout_s": hang, "grace_s": grace},
+           "scales": {scale: {"tta_timeout_s": tta}}, "locks": {"wait_s": wait}}
+    resolved = dsconfig.resolve(cfg, fp)
+    locks = dsconfig.resolve_locks(cfg, resolved["scale"])
+    for exp in registry.EXPERIMENTS.values():
+        for variant in exp.variant_names(resolved["tuned"], True):
+            if not exp.variant(variant).runs_at(k):
+                continue
+            spec = specs.job_spec(resolved, fp, exp.name, variant, k, jobs.job_inputs(exp, resolved["protocol"]))
+            minutes = jobs.runtime_of(exp, resolved, fp, locks)(_W(variant, k))
+            assert isinstance(minutes, int) and minutes >= 1
+            if not spec["skip_reason"]:
+                n = launches.count(spec)
+                assert minutes * 60 >= locks["wait_s"] + n * (spec["limit_s"] + spec["grace_s"]), (exp.name, variant)
 
 
 @settings(max_examples=25, deadline=None)

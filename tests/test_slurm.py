@@ -122,15 +122,16 @@ def slurm():
 
 
 def squeue_rows(job_ids: list[str]) -> dict:
-    """id -> state, nodes, nodelist, comment (finished jobs stay listed for MinJobAge)."""
+    """id -> state, nodes, nodelist, time limit, comment (finished jobs stay listed for MinJobAge)."""
     if not job_ids:
         return {}
     r = subprocess.run(["squeue", "--states=all", "-h", "-j", ",".join(job_ids),
-                        "-o", "%i|%T|%D|%N|%k"], capture_output=True, text=True)
+                        "-o", "%i|%T|%D|%N|%l|%k"], capture_output=True, text=True)
     rows = {}
     for line in r.stdout.splitlines():
-        jid, state, nodes, nodelist, comment = line.split("|", 4)
-        rows[jid] = {"state": state, "nodes": int(nodes), "nodelist": nodelist, "comment": comment}
+        jid, state, nodes, nodelist, limit, comment = line.split("|", 5)
+        rows[jid] = {"state": state, "nodes": int(nodes), "nodelist": nodelist, "time_limit": limit,
+                     "comment": comment}
     return rows
 
 
@@ -202,7 +203,7 @@ rule all:
 
 rule ddp_weak:
     output: "one_node.txt"
-    resources: gpu=2, gres="", nodes=1, tasks=0, tasks_per_gpu=0, mpi="", measure=1
+    resources: gpu=2, gres="", nodes=1, tasks=0, tasks_per_gpu=0, mpi="", measure=1, runtime=7
     shell: "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES > {output};"
            " scontrol show job $SLURM_JOB_ID >> {output}"
 
@@ -227,7 +228,8 @@ def test_gpu_requests_reach_slurm(slurm, tmp_path):
     calls = {m.group(1): m.group(0).split(" --wrap=")[0]
              for m in re.finditer(r"sbatch call: sbatch .*?--comment (rule_\w+).*", out)}
     one_call, two_call = calls["rule_ddp_weak"], calls["rule_allreduce"]
-    for flag in ("--gpus=2", "--nodes=1", "--cpus-per-gpu=8", "--mem-per-cpu 4000", "--exclusive", "-t 90", "-p gpu"):
+    # -t 7: the rule's own runtime (dpscale.plan.jobs.runtime_of), which the profile leaves alone
+    for flag in ("--gpus=2", "--nodes=1", "--cpus-per-gpu=8", "--mem-per-cpu 4000", "--exclusive", "-t 7", "-p gpu"):
         assert flag in one_call.split(" ") or flag in one_call, (flag, one_call)
     for flag in ("--gres=gpu:1", "--nodes=2", "--ntasks=2", "--cpus-per-gpu=8", "--exclusive"):
         assert flag in two_call, (flag, two_call)
@@ -275,6 +277,18 @@ def pipeline(slurm, primed, tmp_path_factory):
             "seconds": time.monotonic() - t0}
 
 
+def smoke_runtime_min(repo: Path) -> int:
+    """The limit a smoke ddp_weak job asks for: the lock wait, its launches' limit and
+    grace, and the job's overhead, as the watchdog would allow them, in whole minutes."""
+    from dpscale.plan import config as dsconfig
+    from dpscale.run import launches
+    schema = yaml.safe_load((REPO / "schemas/config.schema.yaml").read_text())
+    smoke = schema["properties"]["scales"]["properties"]["smoke"]["default"]
+    wait = dsconfig.resolve_locks({}, "smoke")["wait_s"]
+    watched = wait + launches.count({"config": {"protocol": smoke}}) * (120 + 15)   # hang_timeout_s auto, grace_s
+    return -(-(watched + 300) // 60)
+
+
 def test_pipeline_runs_through_slurm(pipeline):
     repo, out = pipeline["repo"], pipeline["out"]
     assert pipeline["rc"] == 0, f"snakemake --executor slurm failed:\n{out[-8000:]}"
@@ -306,6 +320,9 @@ def test_pipeline_runs_through_slurm(pipeline):
     rows = squeue_rows(list(submitted))
     assert set(rows) == set(submitted), f"squeue does not know jobs {set(submitted) - set(rows)}"
     assert {r["state"] for r in rows.values()} == {"COMPLETED"}, rows
+    # each measurement's time limit is its own (dpscale.plan.jobs.runtime_of), not a flat one
+    limits = {r["time_limit"] for r in rows.values() if r["comment"].startswith("rule_ddp_weak")}
+    assert limits == {f"{smoke_runtime_min(pipeline['repo']):d}:00"}, limits
     for p in logs:
         assert p.exists() and "SNAKEMAKE" in p.read_text(errors="replace"), p   # the job step's own log
     # side by side: profiles/slurm is the workflow profile, so profiles/default's measure=1

@@ -14,6 +14,7 @@ from pathlib import Path
 from dpscale import layout, provenance, registry, results
 from dpscale.data.load import SPLITS
 from dpscale.plan import cluster as dscluster, specs
+from dpscale.run import launches
 
 DATA = layout.DATA
 FLOPS = f"{layout.MODEL}/flops_{{size}}px.json"
@@ -60,6 +61,29 @@ def spec_of(exp: registry.Experiment, resolved: dict, fp: dict):
     def spec(wildcards) -> str:
         return specs.dumps(specs.job_spec(resolved, fp, exp.name, wildcards.variant, int(wildcards.k), inputs))
     return spec
+
+
+# Seconds a SLURM job spends outside the watchdog's launches: the job step parsing the
+# workflow again on the compute node, Python and torch importing, the result's seal, the
+# plugin's teardown. A margin, not a measurement: it only needs to cover those.
+JOB_OVERHEAD_S = 300
+
+
+def runtime_of(exp: registry.Experiment, resolved: dict, fp: dict, locks: dict):
+    """The job's wall-clock limit in minutes (`resources: runtime`, sbatch -t): the
+    longest the watchdog can take before it records the job hung or failed itself (the
+    wait for its devices' locks, then each launch's limit and grace), plus
+    JOB_OVERHEAD_S. Derived from the job's own spec, so SLURM never ends a job before its
+    watchdog can say why (a flat 90 minutes cut a paper-scale time-to-accuracy job,
+    limit 5,400 s, short of it); a job recorded as skipped needs only the overhead."""
+    inputs = job_inputs(exp, resolved["protocol"])
+
+    def runtime(wildcards) -> int:
+        spec = specs.job_spec(resolved, fp, exp.name, wildcards.variant, int(wildcards.k), inputs)
+        watched = 0 if spec["skip_reason"] else (
+            locks["wait_s"] + launches.count(spec) * (float(spec["limit_s"]) + float(spec["grace_s"])))
+        return -(-int(watched + JOB_OVERHEAD_S) // 60)
+    return runtime
 
 
 def retry_of(exp: registry.Experiment, replan=None):
