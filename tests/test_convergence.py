@@ -414,6 +414,13 @@ def test_the_method_page_shows_what_the_commands_print(capsys):
     pooled = blocks[0][1].split("#### Pooled over")[1]
     for figure in ("38/72", "67/72", "50.7%", "17.6", "16.7", "20.1"):
         assert figure in pooled and figure in doc.split("## Data")[0], figure
+    readme = (ROOT / "README.md").read_text()   # its sentence copies the same figures
+    for figure in ("38/72", "67/72"):
+        assert figure in pooled and figure.replace("/", " of ") in readme, figure
+    errors = re.search(r"E\(B\) model ([\d.]+) \(median ([\d.]+),.*?previous batch ([\d.]+) \(median ([\d.]+),", pooled)
+    eb, eb_med, prev, prev_med = errors.groups()
+    assert (f"mean |error| {prev}% against E(B)'s {eb}% (median {prev_med}% against {eb_med}%)"
+            in " ".join(readme.split())), errors.groups()
 
 
 def test_the_borrowed_misfit_is_checked_without_its_largest_contributor():

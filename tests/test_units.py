@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from pathlib import Path
 import subprocess
 import sys
 import time
@@ -400,3 +401,17 @@ def test_strong_scaling_is_planned_where_ks_asks_for_a_curve():
     assert strong([1, 2], gpu) == [1, 2] and strong([1, 2, 4], CPU_FP) == [1, 2, 4]   # cached (seed is extended)
     weak = [k for e, v, k in specs.planned(dsconfig.resolve(_config(scale="auto", ks=[1]), gpu)) if e == "ddp_weak"]
     assert weak and set(weak) == {1}
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`dpscale experiments --digest | head -3` (docs/results.md): the reader closes the
+    pipe early; dpscale ends as a process SIGPIPE ended, with nothing on stderr. The pipe's
+    reading end is closed before dpscale starts, so every write fails, whatever the timing."""
+    exe = str(Path(sys.executable).parent / "dpscale")
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([exe, "experiments", "--digest"], stdout=w, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(w)
+    assert p.returncode == 141 and p.stderr.decode() == "", (p.returncode, p.stderr.decode())

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import re
 import shutil
 import signal
@@ -448,6 +449,19 @@ def experiments(digest: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        rc = _main(argv)
+        sys.stdout.flush()   # inside the try: a short output is still buffered here
+        return rc
+    except BrokenPipeError:
+        # `dpscale experiments --digest | head -3`: the reader left. Python's recipe (the
+        # signal module's notes): stdout to /dev/null so the exit's flush cannot raise
+        # again, and the status a shell gives a process SIGPIPE ended, not a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: list[str] | None) -> int:
     ap = parser()
     a = ap.parse_args(argv)
     if a.command == "forecast":
