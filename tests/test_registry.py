@@ -17,7 +17,6 @@ from hypothesis import given, settings, strategies as st
 
 from dpscale.plan import config as dsconfig, jobs, specs
 from dpscale import provenance, registry
-from dpscale.run import launches
 from dpscale.report.chapters import CHAPTERS
 
 PARSED = ("src", "rules", "scripts", "Snakefile", "schemas", "config.yaml")
@@ -211,7 +210,7 @@ def test_a_jobs_cluster_time_limit_covers_everything_its_watchdog_may_take(scale
             minutes = jobs.runtime_of(exp, resolved, fp, locks)(_W(variant, k))
             assert isinstance(minutes, int) and minutes >= 1
             if not spec["skip_reason"]:
-                n = launches.count(spec)
+                n = specs.launch_count(spec)
                 assert minutes * 60 >= locks["wait_s"] + n * (spec["limit_s"] + spec["grace_s"]), (exp.name, variant)
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from dpscale import layout, provenance, registry, results
 from dpscale.data.load import SPLITS
 from dpscale.plan import cluster as dscluster, specs
-from dpscale.run import launches
 
 DATA = layout.DATA
 FLOPS = f"{layout.MODEL}/flops_{{size}}px.json"
@@ -81,7 +80,7 @@ def runtime_of(exp: registry.Experiment, resolved: dict, fp: dict, locks: dict):
     def runtime(wildcards) -> int:
         spec = specs.job_spec(resolved, fp, exp.name, wildcards.variant, int(wildcards.k), inputs)
         watched = 0 if spec["skip_reason"] else (
-            locks["wait_s"] + launches.count(spec) * (float(spec["limit_s"]) + float(spec["grace_s"])))
+            locks["wait_s"] + specs.launch_count(spec) * (float(spec["limit_s"]) + float(spec["grace_s"])))
         return -(-int(watched + JOB_OVERHEAD_S) // 60)
     return runtime
 

@@ -47,6 +47,14 @@ def targets(resolved: dict, root: str = layout.RUNS) -> list[str]:
     return [layout.result_path(e, v, k, root) for e, v, k in planned(resolved)]
 
 
+LAUNCHES_KEY = "launches"   # the protocol key: independent launches of one job (dpscale.run.launches)
+
+
+def launch_count(spec: dict) -> int:
+    """How many launches the spec asks for (1 where its protocol has no such key)."""
+    return int(spec.get("config", {}).get("protocol", {}).get(LAUNCHES_KEY, 1))
+
+
 LONE_K1 = "a lone k=1 gives no ratio"   # how the summary finds these skips (report.summary)
 
 

@@ -41,17 +41,14 @@ import statistics
 
 from dpscale.analysis import stats
 from dpscale.measure import gpustate
+from dpscale.plan import specs
 
-KEY = "launches"   # the protocol key
+KEY, count = specs.LAUNCHES_KEY, specs.launch_count   # declared where the plan sizes a job's time limit by them
+
 METRIC = "samples_per_s"
 STAMP = "first_timed_step_unix"   # a worker's wall-clock time of its first timed step (time.time())
 MARKS = "stage_marks_unix"        # its stages' ends (dpscale.measure.timing.STAGES)
 ACROSS, WITHIN = stats.ACROSS, stats.WITHIN   # what an interval covers, named once
-
-
-def count(spec: dict) -> int:
-    """How many launches the spec asks for (1 where its protocol has no such key)."""
-    return int(spec.get("config", {}).get("protocol", {}).get(KEY, 1))
 
 
 def merge(results: list[dict]) -> dict:
