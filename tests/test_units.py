@@ -297,6 +297,9 @@ def test_hardware_file_errors_name_the_key(tmp_path):
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(ValueError, match="no 'gpu_count'"):
         fingerprint.load(tmp_path / "x.json")
+    (tmp_path / "empty.json").write_text("")   # `srun ... > hw/compute-node.json` that failed
+    with pytest.raises(ValueError, match=r"empty\.json is empty: the probe that wrote it failed"):
+        fingerprint.load(tmp_path / "empty.json")
 
 
 def test_a_hand_written_hardware_file_names_the_keys_it_leaves_out(tmp_path):

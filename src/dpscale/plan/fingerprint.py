@@ -135,6 +135,9 @@ def load(path: str | os.PathLike) -> dict:
                          f"Point hardware_file at a fingerprint JSON ({FINGERPRINT_PATH} "
                          "from the target machine) or set it to null to probe this machine.") from e
     except json.JSONDecodeError as e:
+        if not path.read_text().strip():   # a probe redirected into it that failed (docs/cluster.md, step 1)
+            raise ValueError(f"hardware_file: {path} is empty: the probe that wrote it failed (its "
+                             "error is where it ran); probe the node again (docs/cluster.md, step 1)") from e
         raise ValueError(f"hardware_file: {path} is not valid JSON ({e})") from e
     if not isinstance(fp, dict) or "gpu_count" not in fp:
         raise ValueError(f"hardware_file: {path} has no 'gpu_count'; it must hold a fingerprint "
