@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -252,7 +253,7 @@ def test_a_report_built_alone_after_a_protocol_change_says_its_results_are_not_t
     assert f"  {TARGETS[0]}: measured with another protocol or on another machine than the plan's: " \
            "config.protocol.train_images 32 (plan: 64)" in end
     assert "and this run did not measure them again" in end and \
-        f"to measure it: snakemake --cores 1 --forcerun {TARGETS[0]} report" in end, end
+        f"to measure it: snakemake --cores 2 report {shlex.join(cfg)} --forcerun {TARGETS[0]}" in end, end
     assert {t: digest(repo, t) for t in TARGETS} == old
     html = (repo / "results/report/report.html").read_text()
     assert "4 result(s) were not measured as this report&#39;s plan asks" in html \

@@ -81,6 +81,41 @@ def test_closing_names_a_result_that_holds_no_number_now(tmp_path, damage):
     assert f"{target}: {state}: " in out and "a plain `snakemake --cores 1 report` measures them again" in out
 
 
+@pytest.fixture(autouse=True)
+def _no_run_command(monkeypatch):
+    """The closing lines' commands come from the run's own command line (an in-process
+    dry run of another test may have exported one): these tests start with none."""
+    from dpscale import provenance
+    monkeypatch.delenv(provenance.COMMAND_VAR, raising=False)
+
+
+def test_the_rerun_command_is_the_runs_own_without_what_narrowed_it():
+    """A cluster run is told to rerun with its profile and config file, not a workstation's
+    `snakemake --cores 1 report`; a run narrowed (--allowed-rules, --until, a forcerun,
+    a dry run) is told the command without that; a changed protocol (--config) stays."""
+    from dpscale import provenance
+    var = provenance.COMMAND_VAR
+    cluster = "snakemake report --workflow-profile profiles/slurm --configfile cluster.yaml"
+    assert provenance.rerun_command(None, {var: cluster}) == cluster
+    assert provenance.rerun_command("results/runs/a b/k2.json", {var: cluster}) == (
+        cluster + " --forcerun 'results/runs/a b/k2.json'")
+    narrowed = ("snakemake --cores 2 report --allowed-rules report --until fsdp --forcerun=x -R y z -n -F "
+                "--config 'scales={smoke: {train_images: 64}}'")
+    assert provenance.rerun_command(None, {var: narrowed}) == (
+        "snakemake --cores 2 report --config 'scales={smoke: {train_images: 64}}'")
+    assert provenance.rerun_command(None, {}) == "snakemake --cores 1 report"
+
+
+def test_a_job_whose_error_snakemake_logs_twice_is_one_failure(tmp_path):
+    """The SLURM executor logs a failed job's error block twice (same jobid, same log)."""
+    block = "Error in rule fsdp:\n    message: SLURM-job '266' failed\n    jobid: 7\n    log: logs/fsdp/default/k1.log\n"
+    smk_log = tmp_path / "snakemake.log"
+    smk_log.write_text(block + "other\n" + block + block.replace("jobid: 7", "jobid: 9"))
+    text = summary.closing([], tmp_path / "summary.txt", tmp_path / "report.html", snakemake_log=[str(smk_log)],
+                           failed=True)
+    assert text.splitlines()[0].startswith("Snakemake stopped: 2 job(s) failed"), text
+
+
 def test_closing_after_a_stop_says_no_job_failed(tmp_path):
     """SIGTERM or Ctrl-C: Snakemake's log names no failed job; the closing says it stopped,
     not '0 job(s) failed'."""

@@ -38,6 +38,32 @@ def export_command(argv: list[str]) -> None:
     os.environ[COMMAND_VAR] = shlex.join(["snakemake", *argv[1:]])
 
 
+# Options that make a run do less than the plan, or force what they name: a rerun that
+# must measure drops them, those of NARROWING with their values (each takes the words
+# after it up to the next option, as Snakemake's argparse parsed them).
+NARROWING = ("--allowed-rules", "--until", "-U", "--omit-from", "-O", "--forcerun", "-R")
+NARROWING_FLAGS = ("--dry-run", "--dryrun", "-n", "--touch", "-t", "--forceall", "-F")
+
+
+def rerun_command(force: str | None = None, env: dict | None = None) -> str:
+    """The command that measures again what this run left: the run's own command line
+    (its profile, config files and --config kept: a cluster run stays one, a changed
+    protocol stays changed) without NARROWING's options, plus `--forcerun force`. Without
+    the run's command (outside a workflow run), the README's."""
+    cmd = (env if env is not None else os.environ).get(COMMAND_VAR)
+    words = shlex.split(cmd) if cmd else ["snakemake", "--cores", "1", "report"]
+    out, dropping = [], False
+    for w in words:
+        if w.startswith("-"):
+            dropping = w.split("=", 1)[0] in NARROWING and "=" not in w
+            if dropping or w.split("=", 1)[0] in NARROWING + NARROWING_FLAGS:
+                continue
+        elif dropping:
+            continue
+        out.append(w)
+    return shlex.join(out + (["--forcerun", force] if force else []))
+
+
 def project_version() -> str:
     try:
         return metadata.version("dpscale")

@@ -25,7 +25,7 @@ import re
 import sys
 from pathlib import Path
 
-from dpscale import layout, results
+from dpscale import layout, provenance, results
 from dpscale.report.machines import refused_data
 from dpscale.results import job_label, write_atomic
 
@@ -178,7 +178,7 @@ def text(data, html_path) -> str:
     if data.current is not None and data.current.not_planned:   # before any number read from them
         out += [f"NOT THIS PLAN'S: {len(data.current.not_planned)} result(s) of this run were measured otherwise "
                 "than the plan asks, and are shown as they are:"] + [f"  {a}" for a in data.current.not_planned]
-        out += ["  to measure them as planned: snakemake --cores 1 report", ""]
+        out += [f"  to measure them as planned: {provenance.rerun_command()}", ""]
     if data.current is not None:
         from dpscale.report.chapters.answer import opening, verdict_text
         first = verdict_text(opening(data, data.current))
@@ -212,20 +212,27 @@ def _logs(snakemake_log) -> list[str]:
 
 
 def failed_jobs(snakemake_log) -> list[tuple[str, list[str]]]:
-    """(rule, its log files) of every job Snakemake reported as failed in its log."""
+    """(rule, its log files) of every job Snakemake reported as failed in its log, each
+    job once (the SLURM executor reports a failed job's error block twice: its jobid and
+    log are the same)."""
     lines = []
     for path in _logs(snakemake_log):
         try:
             lines += Path(path).read_text(errors="replace").splitlines()
         except OSError:
             continue
-    out = []
+    out, seen = [], set()
     for i, line in enumerate(lines):
         m = re.match(r"\s*Error in rule (\S+?):", line)
         if m:
             logs = next((re.sub(r"\s*\(check log.*$", "", x.split("log:", 1)[1]).split(", ")
                          for x in lines[i + 1:i + 12] if x.strip().startswith("log:")), [])
-            out.append((m.group(1), [x.strip() for x in logs if x.strip()]))
+            jobid = next((x.split(":", 1)[1].strip() for x in lines[i + 1:i + 4] if x.strip().startswith("jobid:")),
+                         None)
+            job = (m.group(1), [x.strip() for x in logs if x.strip()])
+            if (key := (job[0], jobid, tuple(job[1]))) not in seen:
+                seen.add(key)
+                out.append(job)
     return out
 
 
@@ -263,7 +270,7 @@ def result_lines(audits) -> list[str]:
     bad = [a for a in audits if not a.sound]
     out = []
     if bad:
-        out.append(f"{len(bad)} planned result(s) hold no number now (a plain `snakemake --cores 1 report` "
+        out.append(f"{len(bad)} planned result(s) hold no number now (a plain `{provenance.rerun_command()}` "
                    "measures them again):")
         out += [f"  {a.path}: " + ("missing: no result file (its job did not finish: stopped, failed before "
                                    "writing, or the disk is full)" if a.state == results.MISSING
@@ -291,7 +298,7 @@ def replanned_lines(outcome) -> list[str]:
         out += [f"at this run's start {len(left)} planned result(s) held no number it could serve, and this run "
                 "did not measure them again (Snakemake was told to run less: --allowed-rules, --until, a target "
                 "or a failure):"]
-        out += [f"  {f.line()}; to measure it: snakemake --cores 1 --forcerun {f.result} report" for f in left]
+        out += [f"  {f.line()}; to measure it: {provenance.rerun_command(f.result)}" for f in left]
     return out
 
 
@@ -318,7 +325,7 @@ def closing(targets, summary_path, html_path, snakemake_log=None, failed: bool =
         out.append(f"report (built from other results than these, not rebuilt: none of its numbers is "
                    f"this run's answer): {html.resolve()}")
     else:
-        out.append("no report built yet: snakemake --cores 1 report")
+        out.append(f"no report built yet: {provenance.rerun_command()}")
     return "\n".join(out)
 
 
