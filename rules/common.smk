@@ -52,8 +52,11 @@ SCRIPTS = os.path.relpath(Path(workflow.basedir) / "scripts")
 # Every job's Python keeps its bytecode where the environment forbids writing it beside
 # the sources (dpscale.run.caches.bytecode_env): a job would compile torch from source.
 os.environ.update(dsrun_caches.bytecode_env(CACHE["dir"], os.environ))
-# `resources: **MEASURE` in every measurement rule (dpscale.plan.jobs.resources)
-MEASURE = jobs.resources(RESOLVED["cluster"], FP, LOCKS, CACHE)
+
+
+# `resources: **measure_resources(exp)` in every measurement rule (dpscale.plan.jobs.resources)
+def measure_resources(exp):
+    return jobs.resources(RESOLVED["cluster"], FP, LOCKS, CACHE, exp.name)
 
 
 def report_stamps(allowed_rules):

@@ -27,7 +27,7 @@ for _exp in registry.EXPERIMENTS.values():
         conda:
             f"../envs/{_exp.family}.yaml"
         resources:
-            **MEASURE,
+            **measure_resources(_exp),
             runtime=jobs.runtime_of(_exp, RESOLVED, FP, LOCKS),
         params:
             scripts=SCRIPTS,

@@ -236,3 +236,20 @@ def test_the_plans_skipped_line_counts_the_jobs_that_will_skip(ks, gpus, cores):
     short = {plan(t)[0]["k"] for t in skips if plan(t)[0]["skip_reason"].startswith("k=")}
     for k in short:
         assert re.search(rf"\bk={k}\b", line), (k, line)
+
+
+def test_a_job_that_only_records_skipped_asks_the_cluster_for_one_node_and_no_gpu():
+    """The memcpy switch has no gloo equivalent: its k=8 job on a CPU cluster of 4 nodes
+    of 2 writes `skipped`; it must not hold four exclusive nodes to do so. Its default
+    sibling at the same k spans the four; on GPU nodes a skipped k asks for no GPU."""
+    cpu = {**CPU_FP, "cpu_count": 2}
+    cluster = {"nodes": 4, "gpus_per_node": 2}
+    locks = {"dir": "/tmp/x", "wait_s": 1}
+    r = jobs.resources(cluster, cpu, locks, None, "allreduce")
+    assert r["nodes"](_W("memcpy", 8)) == 1 and r["tasks"](_W("memcpy", 8)) == 0 and r["mpi"](_W("memcpy", 8)) == ""
+    assert r["nodes"](_W("default", 8)) == 4 and r["tasks"](_W("default", 8)) == 4
+    gpu = {**CPU_FP, "gpu_count": 2, "gpu_model": "H200"}
+    r = jobs.resources({"nodes": 1, "gpus_per_node": None}, gpu, locks, None, "allreduce")
+    assert r["gpu"](_W("default", 2)) == 2 and r["gpu"](_W("default", 4)) == 0
+    r = jobs.resources({"nodes": 1, "gpus_per_node": None}, gpu, locks, None, "ddp_weak")   # no cudnn_frontend
+    assert r["gpu"](_W("tuned", 2)) == 2 and r["gpu"](_W("tuned_fp16", 2)) == 0

@@ -141,7 +141,8 @@ def code_of(exp: registry.Experiment) -> str:
     return provenance.source_digest(exp.sources)
 
 
-def resources(cluster: dict, fp: dict, locks: dict, cache: dict | None = None) -> dict:
+def resources(cluster: dict, fp: dict, locks: dict, cache: dict | None = None,
+              experiment: str | None = None) -> dict:
     """`resources: **...` of every measurement rule (profiles/slurm, docs/cluster.md).
 
     Local runs use only `measure` (profiles/default limits it to 1 at a time).
@@ -154,16 +155,21 @@ def resources(cluster: dict, fp: dict, locks: dict, cache: dict | None = None) -
     eff = dscluster.effective(cluster, fp)
     has_gpus = (fp.get("gpu_count") or 0) > 0
 
+    def skipped(w) -> bool:
+        """A job that only records `skipped` (specs.skip_reason): it asks for no GPUs and
+        one node, whatever its k (the memcpy switch on gloo at k=8 held four nodes)."""
+        return experiment is not None and specs.skip_reason(experiment, w.variant, int(w.k), fp, cluster) is not None
+
     def nodes(w) -> int:
         """Nodes a job spans: ceil(k / G); 1 when k fits one node or is skipped."""
-        return dscluster.nodes_for(int(w.k), eff)
+        return 1 if skipped(w) else dscluster.nodes_for(int(w.k), eff)
 
     def gpus(w) -> int:
         """GPUs of a one-node job (sbatch --gpus=k). 0 on CPU stand-ins, for a k that is
         skipped (it runs nothing and must not wait for GPUs that do not exist), and for
         multi-node jobs, which ask per node (gres)."""
         k = int(w.k)
-        return 0 if not has_gpus or k > dscluster.capacity(eff) or nodes(w) > 1 else k
+        return 0 if not has_gpus or skipped(w) or k > dscluster.capacity(eff) or nodes(w) > 1 else k
 
     def gres(w) -> str:
         """GPUs on each node of a multi-node job (sbatch --gres=gpu:G); "" otherwise."""
