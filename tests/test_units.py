@@ -418,3 +418,29 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     finally:
         os.close(w)
     assert p.returncode == 141 and p.stderr.decode() == "", (p.returncode, p.stderr.decode())
+
+
+def test_the_slurm_precommand_leaves_no_folder_when_the_job_is_cancelled(tmp_path):
+    """profiles/slurm's precommand links a venv whose path has a space into a folder of
+    mktemp -d. scancel sends SIGTERM to every process of the job: the folder must go with
+    the job (bash runs no EXIT trap when an untrapped signal ends it)."""
+    import signal
+    import yaml
+    pre = yaml.safe_load((ROOT / "profiles/slurm/config.yaml").read_text())["precommand"]
+    venv = tmp_path / "a venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "PATH": f"{venv}/bin:/usr/bin:/bin", "TMPDIR": str(tmp)}
+    p = subprocess.Popen(["bash", "-c", pre + " && python -c 'import time; time.sleep(60)'"], env=env,
+                         start_new_session=True)
+    deadline = time.monotonic() + 20
+    while not any(tmp.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    made = list(tmp.iterdir())
+    assert len(made) == 1 and (made[0] / "venv").resolve() == venv.resolve(), made
+    time.sleep(0.5)
+    os.killpg(p.pid, signal.SIGTERM)
+    assert p.wait(timeout=30) == 143
+    assert not any(tmp.iterdir()), list(tmp.iterdir())
