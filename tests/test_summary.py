@@ -5,8 +5,10 @@ test_isolation.py's crashed job."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT, env_with_src
@@ -114,6 +116,32 @@ def test_a_job_whose_error_snakemake_logs_twice_is_one_failure(tmp_path):
     text = summary.closing([], tmp_path / "summary.txt", tmp_path / "report.html", snakemake_log=[str(smk_log)],
                            failed=True)
     assert text.splitlines()[0].startswith("Snakemake stopped: 2 job(s) failed"), text
+    assert "  rule fsdp: log logs/fsdp/default/k1.log; SLURM-job '266' failed" in text.splitlines(), text
+
+
+def test_a_failed_jobs_log_from_an_earlier_run_is_not_shown_as_this_failures(tmp_path):
+    """sbatch refused the job (a wrong partition): it never ran, and the log at its path is
+    the last successful run's. The closing names sbatch's reason and not those lines."""
+    import datetime as dt
+    old = tmp_path / "k2.log"
+    old.write_text("[watchdog] recorded ok\n")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    start = dt.datetime.now() - dt.timedelta(minutes=5)
+    smk_log = tmp_path / f"{start.strftime('%Y-%m-%dT%H%M%S.%f')}.snakemake.log"
+    smk_log.write_text("Error in rule jax_hlo:\n    message: SLURM sbatch failed. The error message was 'sbatch: "
+                       "error: invalid partition specified: gpux\nsbatch: error: Batch job submission failed'.\n"
+                       + "    sbatch script:\n#!/bin/sh\n" + "x\n" * 12 + f"    jobid: 21\n    log: {old} (check log "
+                       "file(s) for error details)\n")
+    text = summary.closing([], tmp_path / "summary.txt", tmp_path / "report.html", snakemake_log=[str(smk_log)],
+                           failed=True)
+    lines = text.splitlines()
+    assert lines[1] == (f"  rule jax_hlo: log {old}; SLURM sbatch failed. The error message was 'sbatch: error: "
+                        "invalid partition specified: gpux"), lines
+    assert "recorded ok" not in text and "an earlier run's" in lines[2], lines
+    old.write_text("Traceback: this run's\n")   # written after the run started: shown
+    text = summary.closing([], tmp_path / "summary.txt", tmp_path / "report.html", snakemake_log=[str(smk_log)],
+                           failed=True)
+    assert "    | Traceback: this run's" in text.splitlines(), text
 
 
 def test_closing_after_a_stop_says_no_job_failed(tmp_path):

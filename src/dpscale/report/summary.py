@@ -211,8 +211,9 @@ def _logs(snakemake_log) -> list[str]:
     return [str(x) for x in snakemake_log] if isinstance(snakemake_log, (list, tuple)) else [str(snakemake_log)]
 
 
-def failed_jobs(snakemake_log) -> list[tuple[str, list[str]]]:
-    """(rule, its log files) of every job Snakemake reported as failed in its log, each
+def failed_jobs(snakemake_log) -> list[tuple[str, list[str], str | None]]:
+    """(rule, its log files, the block's message) of every job Snakemake reported as
+    failed in its log (the message: an executor's reason, e.g. sbatch's error), each
     job once (the SLURM executor reports a failed job's error block twice: its jobid and
     log are the same)."""
     lines = []
@@ -225,11 +226,16 @@ def failed_jobs(snakemake_log) -> list[tuple[str, list[str]]]:
     for i, line in enumerate(lines):
         m = re.match(r"\s*Error in rule (\S+?):", line)
         if m:
+            block = []   # the job's own lines: up to the next error block or a blank line
+            for x in lines[i + 1:i + 40]:   # an executor's block holds its sbatch call and script
+                if re.match(r"\s*Error in rule ", x) or not x.strip():
+                    break
+                block.append(x)
             logs = next((re.sub(r"\s*\(check log.*$", "", x.split("log:", 1)[1]).split(", ")
-                         for x in lines[i + 1:i + 12] if x.strip().startswith("log:")), [])
-            jobid = next((x.split(":", 1)[1].strip() for x in lines[i + 1:i + 4] if x.strip().startswith("jobid:")),
-                         None)
-            job = (m.group(1), [x.strip() for x in logs if x.strip()])
+                         for x in block if x.strip().startswith("log:")), [])
+            jobid = next((x.split(":", 1)[1].strip() for x in block if x.strip().startswith("jobid:")), None)
+            message = next((x.split(":", 1)[1].strip() for x in block if x.strip().startswith("message:")), None)
+            job = (m.group(1), [x.strip() for x in logs if x.strip()], message or None)
             if (key := (job[0], jobid, tuple(job[1]))) not in seen:
                 seen.add(key)
                 out.append(job)
@@ -243,17 +249,40 @@ def tail(path, n: int = 6) -> list[str]:
         return ["(no log file)"]
 
 
+def run_started(snakemake_log) -> float | None:
+    """When the run began (Unix time), from its log's name, which Snakemake stamps with
+    its start (.snakemake/log/2026-12-07T204411.439967.snakemake.log); None if unnamed so."""
+    import datetime as dt
+    for path in _logs(snakemake_log):
+        if m := re.match(r"(\d{4}-\d\d-\d\dT\d{6}\.\d+)\.snakemake\.log$", Path(path).name):
+            return dt.datetime.strptime(m.group(1), "%Y-%m-%dT%H%M%S.%f").timestamp()   # local time, as named
+    return None
+
+
+def this_runs_tail(path, started: float | None) -> list[str]:
+    """A failed job's log's last lines, unless the file is older than the run: a job that
+    never started (sbatch refused it) leaves an earlier run's log at its path."""
+    try:
+        if started is not None and Path(path).stat().st_mtime < started:
+            return ["(not this run's: the job never wrote its log, which is an earlier run's)"]
+    except OSError:
+        pass
+    return tail(path)
+
+
 def error_lines(snakemake_log) -> list[str]:
     """After a Snakemake error: each failed job's rule, log and the log's last lines."""
     jobs = failed_jobs(snakemake_log)
+    started = run_started(snakemake_log)
     logs = ", ".join(_logs(snakemake_log))
     where = f" (its log: {logs})" if logs else ""
     if not jobs:   # stopped (Ctrl-C, SIGTERM, a lost node) rather than a job failing
         return [f"Snakemake stopped before the run finished; no job reported a failure{where}"]
     out = [f"Snakemake stopped: {len(jobs)} job(s) failed{where}"]
-    for rule, logs in jobs:
-        out.append(f"  rule {rule}: log {', '.join(logs) or 'none declared'}")
-        out += [f"    | {x}" for path in logs for x in tail(path)]
+    for rule, logs, message in jobs:
+        out.append(f"  rule {rule}: log {', '.join(logs) or 'none named in the error'}"
+                   + (f"; {message}" if message else ""))
+        out += [f"    | {x}" for path in logs for x in this_runs_tail(path, started)]
     return out
 
 
