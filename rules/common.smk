@@ -28,8 +28,7 @@ DATA, FLOPS, RAW = jobs.DATA, jobs.FLOPS, jobs.RAW
 INPUT_FILES = jobs.input_files(PROTO)
 TARGETS = specs.targets(RESOLVED)
 if workflow.is_main_process:
-    if _skipped := specs.skipped_line(RESOLVED, FP):
-        logger.info(_skipped)
+    logger.info(specs.plan_line(RESOLVED, FP))
     for _target in TARGETS:
         if _why := results.last_failure(_target):
             logger.info(f"{_target}: the last attempt failed ({_why}); it runs again")

@@ -227,12 +227,14 @@ def test_the_plans_skipped_line_counts_the_jobs_that_will_skip(ks, gpus, cores):
                                  "watchdog": {"hang_timeout_s": "auto", "grace_s": 15}, "scales": {}}, fp)
     plan = jobs.planned_of(resolved, fp)
     skips = [t for t in specs.targets(resolved) if plan(t)[0]["skip_reason"]]
-    line = specs.skipped_line(resolved, fp)
+    line = specs.plan_line(resolved, fp)
+    devices = gpus or cores
+    head = (f"Plan: {len(specs.targets(resolved))} results at smoke scale, {'nccl' if gpus else 'gloo'} on "
+            f"{devices} {'GPU' if gpus else 'CPU device'}{'s' * (devices != 1)}")
     if not skips:
-        assert line is None
+        assert line == head + ", none skipped"
         return
-    assert line.startswith(f"Plan: {len(specs.targets(resolved))} results, {len(skips)} of them recorded as "
-                           "skipped without running: "), line
+    assert line.startswith(head + f"; {len(skips)} of them recorded as skipped without running: "), line
     short = {plan(t)[0]["k"] for t in skips if plan(t)[0]["skip_reason"].startswith("k=")}
     for k in short:
         assert re.search(rf"\bk={k}\b", line), (k, line)

@@ -107,10 +107,11 @@ def skip_reason(experiment: str, variant: str, k: int, fp: dict,
     return None
 
 
-def skipped_line(resolved: dict, fp: dict) -> str | None:
-    """One line, said when the workflow is parsed (a dry run too): how many planned results
-    will be recorded as skipped without running, and why, grouped; None when none is. A
-    dry run otherwise lists them as jobs like any other (k=8 on a two-core box)."""
+def plan_line(resolved: dict, fp: dict) -> str:
+    """One line, said when the workflow is parsed (a dry run too): the plan's size, scale
+    and backend, and how many planned results will be recorded as skipped without running,
+    and why, grouped. A dry run otherwise lists them as jobs like any other (k=8 on a
+    two-core box), and names neither the scale nor the backend."""
     cluster = resolved.get("cluster")
     planned_ = planned(resolved)
     devices, k_short, lone, other = dscluster.capacity(dscluster.effective(cluster, fp)), set(), 0, {}
@@ -123,8 +124,11 @@ def skipped_line(resolved: dict, fp: dict) -> str | None:
         elif lone_k1(resolved, fp, e, v, k):
             lone += 1
     n_short = sum(1 for e, v, k in planned_ if k in k_short and skip_reason(e, v, k, fp, cluster))
+    kind = "GPU" if fp.get("gpu_count") else "CPU device"
+    head = (f"Plan: {len(planned_)} results at {resolved['scale']} scale, {fpmod.backend_for(fp, 'torch')} "
+            f"on {devices} {kind}{'s' * (devices != 1)}")
     if not (n := n_short + lone + sum(other.values())):
-        return None
+        return head + ", none skipped"
     parts = []
     if k_short:
         ks = [f"k={k}" for k in sorted(k_short)]
@@ -133,8 +137,7 @@ def skipped_line(resolved: dict, fp: dict) -> str | None:
     if lone:
         parts.append(f"{lone} lone k=1 (no k >= 2 to divide by; lone_k1=true measures them)")
     parts += [f"{c} because {why}" for why, c in other.items()]
-    return (f"Plan: {len(planned_)} results, {n} of them recorded as skipped without running: "
-            + "; ".join(parts))
+    return head + f"; {n} of them recorded as skipped without running: " + "; ".join(parts)
 
 
 # CPU threads each rank computes with, the same at every k and on every machine. Set
