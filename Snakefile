@@ -52,7 +52,8 @@ configfile: CONFIGFILE
 # in every default.
 try:
     for _file in workflow.configfiles:
-        check_file(_file)
+        if _file != CONFIGFILE:  # checked above, before Snakemake loaded it
+            check_file(_file)
     coerce_cli_types(config)
     check(config)
 except ConfigError as e:

@@ -55,8 +55,9 @@ def rerun_command(force: str | None = None, env: dict | None = None) -> str:
     out, dropping = [], False
     for w in words:
         if w.startswith("-"):
-            dropping = w.split("=", 1)[0] in NARROWING and "=" not in w
-            if dropping or w.split("=", 1)[0] in NARROWING + NARROWING_FLAGS:
+            name = w.split("=", 1)[0]
+            dropping = name in NARROWING and "=" not in w   # its values follow as words
+            if name in NARROWING + NARROWING_FLAGS:
                 continue
         elif dropping:
             continue

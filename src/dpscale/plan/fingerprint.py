@@ -128,14 +128,15 @@ def load(path: str | os.PathLike) -> dict:
     """A fingerprint from a file (cluster login nodes, tests). Same format as probe()."""
     path = Path(path)
     try:
-        fp = json.loads(path.read_text())
+        text = path.read_text()
+        fp = json.loads(text)
     except OSError as e:
         where = "" if path.is_absolute() else f" (relative to the working folder {Path.cwd()}, as `-d` sets it)"
         raise ValueError(f"hardware_file: cannot read {path}{where}: {e.strerror}. "
                          f"Point hardware_file at a fingerprint JSON ({FINGERPRINT_PATH} "
                          "from the target machine) or set it to null to probe this machine.") from e
     except json.JSONDecodeError as e:
-        if not path.read_text().strip():   # a probe redirected into it that failed (docs/cluster.md, step 1)
+        if not text.strip():   # a probe redirected into it that failed (docs/cluster.md, step 1)
             raise ValueError(f"hardware_file: {path} is empty: the probe that wrote it failed (its "
                              "error is where it ran); probe the node again (docs/cluster.md, step 1)") from e
         raise ValueError(f"hardware_file: {path} is not valid JSON ({e})") from e

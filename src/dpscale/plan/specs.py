@@ -84,12 +84,18 @@ def lone_k1(resolved: dict, fp: dict, experiment: str, variant: str, k: int) -> 
             "result reads this k=1; lone_k1=true measures it")
 
 
+def short_of_devices(experiment: str, k: int, fp: dict, cluster: dict | None = None) -> bool:
+    """k is above the devices the plan may use and the experiment does not emulate it."""
+    return (k > dscluster.capacity(dscluster.effective(cluster, fp))
+            and not emulated_processes(experiment, k, fp, cluster))
+
+
 def skip_reason(experiment: str, variant: str, k: int, fp: dict,
                 cluster: dict | None = None) -> str | None:
     gpus = fp.get("gpu_count") or 0
     eff = dscluster.effective(cluster, fp)
     nodes, per_node = eff["nodes"], eff["gpus_per_node"]
-    if k > nodes * per_node and not emulated_processes(experiment, k, fp, cluster):
+    if short_of_devices(experiment, k, fp, cluster):
         if nodes > 1:
             return (f"k={k} needs {k} devices; cluster.nodes={nodes} x {per_node} per node "
                     f"give {nodes * per_node}")
@@ -114,16 +120,16 @@ def plan_line(resolved: dict, fp: dict) -> str:
     two-core box), and names neither the scale nor the backend."""
     cluster = resolved.get("cluster")
     planned_ = planned(resolved)
-    devices, k_short, lone, other = dscluster.capacity(dscluster.effective(cluster, fp)), set(), 0, {}
+    devices = dscluster.capacity(dscluster.effective(cluster, fp))
+    k_short, n_short, lone, other = set(), 0, 0, {}
     for e, v, k in planned_:
-        if why := skip_reason(e, v, k, fp, cluster):
-            if why.startswith(f"k={k} needs "):
-                k_short.add(k)
-            else:
-                other[why] = other.get(why, 0) + 1
+        if short_of_devices(e, k, fp, cluster):
+            k_short.add(k)
+            n_short += 1
+        elif why := skip_reason(e, v, k, fp, cluster):
+            other[why] = other.get(why, 0) + 1
         elif lone_k1(resolved, fp, e, v, k):
             lone += 1
-    n_short = sum(1 for e, v, k in planned_ if k in k_short and skip_reason(e, v, k, fp, cluster))
     kind = "GPU" if fp.get("gpu_count") else "CPU device"
     head = (f"Plan: {len(planned_)} results at {resolved['scale']} scale, {fpmod.backend_for(fp, 'torch')} "
             f"on {devices} {kind}{'s' * (devices != 1)}")
