@@ -255,3 +255,20 @@ def test_a_job_that_only_records_skipped_asks_the_cluster_for_one_node_and_no_gp
     assert r["gpu"](_W("default", 2)) == 2 and r["gpu"](_W("default", 4)) == 0
     r = jobs.resources({"nodes": 1, "gpus_per_node": None}, gpu, locks, None, "ddp_weak")   # no cudnn_frontend
     assert r["gpu"](_W("tuned", 2)) == 2 and r["gpu"](_W("tuned_fp16", 2)) == 0
+
+
+def test_the_cluster_docs_time_limits_are_what_the_rules_ask():
+    """docs/cluster.md and profiles/slurm name the paper-scale limits a DDP throughput job
+    and a time-to-accuracy job ask for: those are what jobs.runtime_of gives today."""
+    fp = {**CPU_FP, "gpu_count": 8, "gpu_model": "H200", "interconnect": "NV18"}
+    cfg = {"scale": "paper", "ks": [1, 2], "hardware_file": None, "tuned": "auto", "experiments": "all",
+           "data": {"source": "auto", "local_dir": None}, "watchdog": {"hang_timeout_s": "auto", "grace_s": 15},
+           "scales": {}}
+    resolved = dsconfig.resolve(cfg, fp)
+    locks = dsconfig.resolve_locks(cfg, "paper")
+    ddp = jobs.runtime_of(registry.get("ddp_weak"), resolved, fp, locks)(_W("tuned", 2))
+    tta = jobs.runtime_of(registry.get("ddp_tta"), resolved, fp, locks)(_W("book", 2))
+    doc = " ".join((ROOT / "docs/cluster.md").read_text().split())
+    prof = " ".join((ROOT / "profiles/slurm/config.yaml").read_text().replace("#", " ").split())
+    assert f"at paper scale {ddp} for a DDP throughput job, {tta} for time to accuracy" in doc, (ddp, tta)
+    assert f"asks for {tta} minutes, a DDP k=2 job for {ddp}" in prof, (ddp, tta)
