@@ -177,9 +177,10 @@ def test_every_experiment_has_its_cluster_resources_in_the_slurm_profile():
     assert not missing, f"profiles/slurm/config.yaml set-resources has no block for {missing}"
     for name in registry.EXPERIMENTS:
         r = prof[name]
-        assert {"cpus_per_gpu", "mem_mb_per_cpu", "slurm_extra"} <= set(r), name
-        assert "runtime" not in r, (name, r)
-        assert "--exclusive" in r["slurm_extra"], name
+        assert {"cpus_per_gpu", "mem_mb_per_cpu"} <= set(r), name
+        # either would override what the rule derives per job: its watchdog's limits, and
+        # whole nodes only for a job that measures (jobs.resources)
+        assert "runtime" not in r and "slurm_extra" not in r, (name, r)
     assert "runtime=jobs.runtime_of(" in (ROOT / "rules/measure.smk").read_text()
 
 
@@ -240,7 +241,7 @@ def test_the_plans_skipped_line_counts_the_jobs_that_will_skip(ks, gpus, cores):
         assert re.search(rf"\bk={k}\b", line), (k, line)
 
 
-def test_a_job_that_only_records_skipped_asks_the_cluster_for_one_node_and_no_gpu():
+def test_a_job_that_only_records_skipped_asks_the_cluster_for_one_node_no_gpu_and_no_whole_node():
     """The memcpy switch has no gloo equivalent: its k=8 job on a CPU cluster of 4 nodes
     of 2 writes `skipped`; it must not hold four exclusive nodes to do so. Its default
     sibling at the same k spans the four; on GPU nodes a skipped k asks for no GPU."""
@@ -255,6 +256,11 @@ def test_a_job_that_only_records_skipped_asks_the_cluster_for_one_node_and_no_gp
     assert r["gpu"](_W("default", 2)) == 2 and r["gpu"](_W("default", 4)) == 0
     r = jobs.resources({"nodes": 1, "gpus_per_node": None}, gpu, locks, None, "ddp_weak")   # no cudnn_frontend
     assert r["gpu"](_W("tuned", 2)) == 2 and r["gpu"](_W("tuned_fp16", 2)) == 0
+    # whole nodes for what measures, none for what only writes `skipped`; off when asked
+    assert r["slurm_extra"](_W("tuned", 2)) == "--exclusive" and r["slurm_extra"](_W("tuned_fp16", 2)) == ""
+    assert r["slurm_extra"](_W("tuned", 4)) == ""
+    r = jobs.resources({"nodes": 1, "gpus_per_node": None, "exclusive": False}, gpu, locks, None, "ddp_weak")
+    assert r["slurm_extra"](_W("tuned", 2)) == ""
 
 
 def test_the_cluster_docs_time_limits_are_what_the_rules_ask():

@@ -122,16 +122,17 @@ def slurm():
 
 
 def squeue_rows(job_ids: list[str]) -> dict:
-    """id -> state, nodes, nodelist, time limit, comment (finished jobs stay listed for MinJobAge)."""
+    """id -> state, nodes, nodelist, time limit, oversubscribe (NO: --exclusive), comment
+    (finished jobs stay listed for MinJobAge)."""
     if not job_ids:
         return {}
     r = subprocess.run(["squeue", "--states=all", "-h", "-j", ",".join(job_ids),
-                        "-o", "%i|%T|%D|%N|%l|%k"], capture_output=True, text=True)
+                        "-o", "%i|%T|%D|%N|%l|%h|%k"], capture_output=True, text=True)
     rows = {}
     for line in r.stdout.splitlines():
-        jid, state, nodes, nodelist, limit, comment = line.split("|", 5)
+        jid, state, nodes, nodelist, limit, share, comment = line.split("|", 6)
         rows[jid] = {"state": state, "nodes": int(nodes), "nodelist": nodelist, "time_limit": limit,
-                     "comment": comment}
+                     "oversubscribe": share, "comment": comment}
     return rows
 
 
@@ -203,13 +204,15 @@ rule all:
 
 rule ddp_weak:
     output: "one_node.txt"
-    resources: gpu=2, gres="", nodes=1, tasks=0, tasks_per_gpu=0, mpi="", measure=1, runtime=7
+    resources: gpu=2, gres="", nodes=1, tasks=0, tasks_per_gpu=0, mpi="", measure=1, runtime=7,
+               slurm_extra="--exclusive"
     shell: "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES > {output};"
            " scontrol show job $SLURM_JOB_ID >> {output}"
 
 rule allreduce:
     output: "two_nodes.txt"
-    resources: gpu=0, gres="gpu:1", nodes=2, tasks=2, tasks_per_gpu=0, mpi="srun", measure=1
+    resources: gpu=0, gres="gpu:1", nodes=2, tasks=2, tasks_per_gpu=0, mpi="srun", measure=1,
+               slurm_extra="--exclusive"
     shell: "srun --whole --nodes=2 --ntasks=2 --ntasks-per-node=1 --label bash -c"
            " 'echo node=$SLURMD_NODENAME CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES' > {output};"
            " scontrol show job $SLURM_JOB_ID >> {output}"
@@ -239,7 +242,7 @@ def test_gpu_requests_reach_slurm(slurm, tmp_path):
     assert "CUDA_VISIBLE_DEVICES=0,1" in one, one          # --gpus=2: both GPUs of the node
     assert re.search(r"TresPerJob=gres:gpu:2\b", one), one
     assert re.search(r"NumNodes=1\b", one), one
-    # profiles/slurm's set-resources: --cpus-per-gpu=8, --mem-per-cpu=4000, --exclusive
+    # profiles/slurm's set-resources: --cpus-per-gpu=8, --mem-per-cpu=4000; the rule's --exclusive
     assert re.search(r"CpusPerTres=gres:gpu:8\b", one), one
     assert re.search(r"MinMemoryCPU=4000M\b", one), one
     assert re.search(r"OverSubscribe=NO\b", one), one
@@ -323,6 +326,10 @@ def test_pipeline_runs_through_slurm(pipeline):
     # each measurement's time limit is its own (dpscale.plan.jobs.runtime_of), not a flat one
     limits = {r["time_limit"] for r in rows.values() if r["comment"].startswith("rule_ddp_weak")}
     assert limits == {f"{smoke_runtime_min(pipeline['repo']):d}:00"}, limits
+    # whole nodes for the measurements (the rules' slurm_extra, cluster.exclusive), not the report
+    share = {r["comment"].split("_wildcards")[0]: r["oversubscribe"] for r in rows.values()}
+    assert {r["oversubscribe"] for r in rows.values() if r["comment"].startswith("rule_ddp_weak")} == {"NO"}, rows
+    assert share["rule_report"] != "NO", share
     for p in logs:
         assert p.exists() and "SNAKEMAKE" in p.read_text(errors="replace"), p   # the job step's own log
     # side by side: profiles/slurm is the workflow profile, so profiles/default's measure=1

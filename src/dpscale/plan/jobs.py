@@ -145,7 +145,8 @@ def resources(cluster: dict, fp: dict, locks: dict, cache: dict | None = None,
               experiment: str | None = None) -> dict:
     """`resources: **...` of every measurement rule (profiles/slurm, docs/cluster.md).
 
-    Local runs use only `measure` (profiles/default limits it to 1 at a time).
+    Local runs use only `measure` (profiles/default limits it to 1 at a time). slurm_extra
+    is per job, not profiles/slurm's: a skipped job must not queue for a whole node.
     tasks_per_gpu=0: without it the SLURM plugin turns `tasks` into --ntasks-per-gpu
     as well, on a GPU job. lock_dir and lock_wait_s reach the watchdog
     (dpscale.run.devices), and cache_dir (the compilation caches' root,
@@ -191,8 +192,12 @@ def resources(cluster: dict, fp: dict, locks: dict, cache: dict | None = None,
         k = int(w.k)
         return min(k, eff["gpus_per_node"]) if k <= dscluster.capacity(eff) else 1
 
-    out = dict(gpu=gpus, gres=gres, nodes=nodes, tasks=tasks, tasks_per_gpu=0, mpi=mpi, measure=1,
-               lock_dir=locks["dir"], lock_wait_s=locks["wait_s"], cache_dir=(cache or {}).get("dir") or "")
+    def slurm_extra(w) -> str:
+        """Whole nodes (cluster.exclusive) for a job that measures, not one that skips."""
+        return "--exclusive" if (cluster or {}).get("exclusive", True) and not skipped(w) else ""
+
+    out = dict(gpu=gpus, gres=gres, nodes=nodes, tasks=tasks, tasks_per_gpu=0, mpi=mpi, slurm_extra=slurm_extra,
+               measure=1, lock_dir=locks["dir"], lock_wait_s=locks["wait_s"], cache_dir=(cache or {}).get("dir") or "")
     if not has_gpus:
         out["cpus_per_task"] = cpus   # with GPUs, the profile's cpus_per_gpu applies
     return out
