@@ -197,6 +197,24 @@ def test_a_job_runs_once_its_devices_are_free(tmp_path):
     assert p.returncode == 0 and json.loads((tmp_path / "k.json").read_text())["status"] == "ok", out
 
 
+def test_a_job_leaves_no_rank_log_of_an_earlier_run_beside_its_own(tmp_path):
+    """A k that ran on four ranks (or two nodes) before and on two processes now (emulated,
+    one node) would leave k.rank3.log or k.node1.rank0.log beside this run's, read as
+    this run's. The job's own log and other jobs' rank logs stay."""
+    stale = [tmp_path / n for n in ("k.rank3.log", "k.node1.rank0.log", "k.rank0.log")]
+    kept = [tmp_path / n for n in ("k.log", "k2.rank0.log", "kx.rank0.log")]
+    for f in stale + kept:
+        f.write_text("an earlier run\n")
+    write = ("import sys; from dpscale.results import make_result, write_json_atomic; "
+             "write_json_atomic(sys.argv[1], make_result(experiment='allreduce', variant='default', k=1, "
+             "status='ok', backend='gloo'))")
+    r = subprocess.run(watchdog_cmd(tmp_path, FAKE, sys.executable, "-c", write, str(tmp_path / "k.json")),
+                       env=env_with_src(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and json.loads((tmp_path / "k.json").read_text())["status"] == "ok", r.stdout + r.stderr
+    assert not [f.name for f in stale if f.exists()], sorted(p.name for p in tmp_path.iterdir())
+    assert all(f.read_text() == "an earlier run\n" for f in kept)
+
+
 def test_a_killed_watchdog_s_locks_last_as_long_as_its_worker(tmp_path):
     """The locks go to the worker too (pass_fds): a watchdog killed by SIGKILL does not
     free the devices while torchrun is still tearing down."""

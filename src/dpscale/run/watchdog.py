@@ -28,6 +28,7 @@ off its GPUs. So this wrapper:
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import shutil
@@ -84,6 +85,13 @@ class Job:
     def of(cls, spec: dict, result: str, rank_logs: str) -> Job:
         log = Path(str(rank_logs).removesuffix(".ranks"))
         return cls(spec, Path(result), Path(rank_logs), log, Path(str(log).removesuffix(".log")))
+
+    def clear_rank_logs(self) -> None:
+        """Remove the flattened rank logs of this job's earlier runs: a run on other ranks
+        or nodes (emulated, then real; two nodes, then one) left files this one would not
+        overwrite, read beside its own as if they were."""
+        for old in self.prefix.parent.glob(glob.escape(self.prefix.name) + ".*rank*.log"):
+            old.unlink(missing_ok=True)
 
     @property
     def label(self) -> str:
@@ -459,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = command.worker_command(spec, args.result, args.rank_logs, sys.executable)
         job.single = command.single_rank(spec)
     job.result.unlink(missing_ok=True)  # never serve an old number
+    job.clear_rank_logs()                # nor an old rank's log as this run's
     if spec.get("skip_reason"):
         print(f"[watchdog] skipped: {spec['skip_reason']}", flush=True)
         job.write("skipped", spec["skip_reason"])
