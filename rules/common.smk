@@ -29,6 +29,8 @@ INPUT_FILES = jobs.input_files(PROTO)
 TARGETS = specs.targets(RESOLVED)
 if workflow.is_main_process:
     logger.info(specs.plan_line(RESOLVED, FP))
+    if _no_base := specs.no_base_warning(RESOLVED):
+        logger.warning(_no_base)
     for _target in TARGETS:
         if _why := results.last_failure(_target):
             logger.info(f"{_target}: the last attempt failed ({_why}); it runs again")

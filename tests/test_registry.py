@@ -12,6 +12,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import yaml
 from conftest import CPU_FP, ROOT
 from hypothesis import given, settings, strategies as st
 
@@ -239,6 +240,21 @@ def test_the_plans_skipped_line_counts_the_jobs_that_will_skip(ks, gpus, cores):
     short = {plan(t)[0]["k"] for t in skips if plan(t)[0]["skip_reason"].startswith("k=")}
     for k in short:
         assert re.search(rf"\bk={k}\b", line), (k, line)
+
+
+@settings(max_examples=30, deadline=None)
+@given(ks=st.lists(st.integers(1, 64), min_size=1, max_size=5, unique=True))
+def test_a_plan_without_k1_is_told_at_parse_time_with_a_fix_that_has_it(ks):
+    """Every ratio the answer gives is over k=1: a plan without it is warned, naming the
+    key and a list that adds it (which parses and is warned no more)."""
+    ks = sorted(ks)
+    line = specs.no_base_warning({"ks": ks})
+    if 1 in ks:
+        assert line is None
+        return
+    assert line.startswith(f"ks: {ks} has no k=1"), line
+    fix = yaml.safe_load(re.search(r"'ks=(\[[^]]*\])'", line).group(1))
+    assert fix[0] == 1 and fix[1:] == ks and specs.no_base_warning({"ks": fix}) is None
 
 
 def test_a_job_that_only_records_skipped_asks_the_cluster_for_one_node_no_gpu_and_no_whole_node():

@@ -146,6 +146,16 @@ def plan_line(resolved: dict, fp: dict) -> str:
     return head + f"; {n} of them recorded as skipped without running: " + "; ".join(parts)
 
 
+def no_base_warning(resolved: dict) -> str | None:
+    """A plan without k=1 measures, but every speed-up, efficiency and time-to-accuracy
+    verdict is over this machine's own k=1: said at parse time, not found in the report."""
+    ks = resolved["ks"]
+    if 1 in ks:
+        return None
+    return (f"ks: {ks} has no k=1, and every speed-up, scaling efficiency and time-to-accuracy "
+            f"verdict is over k=1, so none can be computed; add it, e.g. 'ks={[1, *ks]}'")
+
+
 # CPU threads each rank computes with, the same at every k and on every machine. Set
 # explicitly: torchrun sets OMP_NUM_THREADS=1 only when it starts more than one process,
 # so k=1 computed with every core and k >= 2 with one (a CPU stand-in's k=1 was up to
