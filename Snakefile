@@ -73,13 +73,19 @@ rule all:
         rules.report.output,
 
 
-# A cluster run that kept profiles/default's measure=1 (given --profile, not
-# --workflow-profile) would measure one job at a time: said once, as the jobs start.
+# Said once, as the jobs start (the executor is not known while the workflow is parsed):
+# a cluster run that kept profiles/default's measure=1 (given --profile, not
+# --workflow-profile) would measure one job at a time; a local run of a k that spans
+# nodes (cluster.nodes) would record that job failed.
 onstart:
     if _serial := dscluster.serialised_on_cluster(
         workflow.local_exec, workflow.global_resources
     ):
         logger.warning(_serial)
+    if _spans := dscluster.spanning_locally(
+        workflow.local_exec, RESOLVED["ks"], RESOLVED["cluster"], FP
+    ):
+        logger.warning(_spans)
 
 
 # The run ends with the answer (dpscale.report.summary), printed after Snakemake's own

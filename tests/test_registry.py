@@ -257,6 +257,25 @@ def test_a_plan_without_k1_is_told_at_parse_time_with_a_fix_that_has_it(ks):
     assert fix[0] == 1 and fix[1:] == ks and specs.no_base_warning({"ks": fix}) is None
 
 
+@settings(max_examples=40, deadline=None)
+@given(nodes=st.integers(1, 8), per_node=st.integers(1, 8), local=st.booleans(),
+       ks=st.lists(st.integers(1, 64), min_size=1, max_size=5, unique=True))
+def test_a_local_run_of_a_k_that_spans_nodes_is_told_at_its_start(nodes, per_node, local, ks):
+    """Only a SLURM allocation gives several nodes: a local run warns, naming exactly the
+    ks that span them (above one node's devices, within cluster.nodes of them), and the
+    fixes; a SLURM run, or a plan whose every k fits one node or is skipped, says nothing."""
+    from dpscale.plan import cluster as dscluster
+    ks = sorted(ks)
+    line = dscluster.spanning_locally(local, ks, {"nodes": nodes, "gpus_per_node": per_node}, CPU_FP)
+    spans = [k for k in ks if per_node < k <= nodes * per_node]
+    if not (local and spans):
+        assert line is None
+        return
+    named = [int(k) for k in re.match(r"cluster.nodes=\d+: k=([\d, ]+) span", line).group(1).split(", ")]
+    assert named == spans, (line, spans)
+    assert "--workflow-profile profiles/slurm" in line and "cluster.nodes=1" in line
+
+
 def test_a_job_that_only_records_skipped_asks_the_cluster_for_one_node_no_gpu_and_no_whole_node():
     """The memcpy switch has no gloo equivalent: its k=8 job on a CPU cluster of 4 nodes
     of 2 writes `skipped`; it must not hold four exclusive nodes to do so. Its default

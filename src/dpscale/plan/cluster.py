@@ -55,3 +55,19 @@ def serialised_on_cluster(local_exec: bool, global_resources) -> str | None:
     return (f"the measurements run one at a time: profiles/default's global `{SERIAL_RESOURCE}=1` "
             "applies beside --profile (Snakemake loads it as the workflow profile); for jobs side by side, "
             "each on its own nodes, run with --workflow-profile profiles/slurm (docs/cluster.md)")
+
+
+def spanning_locally(local_exec: bool, ks, cluster: dict | None, fp: dict) -> str | None:
+    """The line a local run prints at its start when a k of the plan spans nodes: only a
+    SLURM allocation gives them, so each of those jobs would be recorded failed, one by one
+    (dpscale.run.command.multinode_command says why). None on SLURM, or when every k fits
+    one node."""
+    eff = effective(cluster, fp)
+    spans = [k for k in ks if k <= capacity(eff) and nodes_for(k, eff) > 1]
+    if not local_exec or not spans:
+        return None
+    g = eff["gpus_per_node"]
+    return (f"cluster.nodes={eff['nodes']}: k={', '.join(map(str, spans))} span{'s' * (len(spans) == 1)} "
+            f"nodes of {g} device{'s' * (g != 1)}, which only a SLURM allocation gives; this local run "
+            "records those jobs failed: run with --workflow-profile profiles/slurm (docs/cluster.md), "
+            "or set cluster.nodes=1")
