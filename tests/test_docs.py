@@ -38,3 +38,42 @@ def test_a_changed_result_changes_the_answer_until_regenerated(tmp_path):
     k2 = (lambda text: re.search(r"^\s+2  .*$", text.split("BEGIN dpscale answer")[1], re.M).group(0))
     assert k2(before) != k2(after)
     assert docblocks.regenerate(root, cli.main, write=False) == []
+
+
+def config_rows(page: str):
+    """(key, default as written) of every row of a page's tables whose first cell names
+    config keys and whose second their defaults, one each: `a.b`, `a.c` | `1`, `2`, or
+    `a.b` / `c` | `x` / `y` (a key after the first without a dot shares its parent)."""
+    for line in page.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) < 3:
+            continue
+        keys = re.findall(r"`([a-z_][a-z_.<>|\\]*)`", cells[0])
+        values = re.findall(r"`([^`]*)`", cells[1])
+        if not keys or len(keys) != len(values):
+            continue
+        parent = keys[0].rpartition(".")[0]
+        for key, value in zip(keys, values):
+            yield (key if "." in key or not parent else f"{parent}.{key}"), value
+
+
+def test_the_defaults_the_pages_state_are_the_schemas():
+    """The README's configuration table and docs/cluster.md's state defaults by hand: each
+    is the schema's default (schemas/config.schema.yaml holds them, with a description)."""
+    import yaml
+    schema = yaml.safe_load((ROOT / "schemas/config.schema.yaml").read_text())
+    checked = []
+    for page in ("README.md", "docs/cluster.md"):
+        for key, value in config_rows((ROOT / page).read_text()):
+            node = schema
+            for part in key.split("."):
+                node = (node.get("properties") or {}).get(part)
+                if node is None:
+                    break
+            if node is None or "default" not in node:
+                continue   # a profile key, or a key past a placeholder (scales.<scale>)
+            assert yaml.safe_load(value) == node["default"], (page, key, value, node["default"])
+            checked.append(key)
+    for key in ("ks", "scale", "cluster.exclusive", "cluster.cpus_per_gpu", "cluster.mem_mb_per_cpu",
+                "data.local_dir", "locks.wait_s"):
+        assert key in checked, (key, checked)

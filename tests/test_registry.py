@@ -168,21 +168,19 @@ def test_variants_and_ks_policies():
     assert dataclasses.replace(registry.get("fsdp"), name="x").name == "x"   # frozen, copyable declarations
 
 
-def test_every_experiment_has_its_cluster_resources_in_the_slurm_profile():
-    """profiles/slurm (issue #55): every experiment of the registry gets the measurement
-    block (CPUs and memory per GPU, whole nodes) and no runtime: a runtime set there would
-    override the one each rule derives from its own watchdog limits (jobs.runtime_of)."""
-    import yaml
-    prof = yaml.safe_load((ROOT / "profiles/slurm/config.yaml").read_text())["set-resources"]
-    missing = [e for e in registry.EXPERIMENTS if e not in prof]
-    assert not missing, f"profiles/slurm/config.yaml set-resources has no block for {missing}"
-    for name in registry.EXPERIMENTS:
-        r = prof[name]
-        assert {"cpus_per_gpu", "mem_mb_per_cpu"} <= set(r), name
-        # either would override what the rule derives per job: its watchdog's limits, and
-        # whole nodes only for a job that measures (jobs.resources)
-        assert "runtime" not in r and "slurm_extra" not in r, (name, r)
-    assert "runtime=jobs.runtime_of(" in (ROOT / "rules/measure.smk").read_text()
+def test_every_experiment_asks_the_cluster_for_its_resources_from_the_registry_and_config():
+    """profiles/slurm (issue #55) names no rule: set-resources there would override what
+    each rule derives per job (its watchdog's limits, whole nodes only for a job that
+    measures) and need a line per experiment of the registry. Every measurement rule asks
+    for CPUs and memory per GPU from the config's `cluster`, whose schema holds the defaults."""
+    prof = yaml.safe_load((ROOT / "profiles/slurm/config.yaml").read_text())
+    assert "set-resources" not in prof, "profiles/slurm names rules; the rules ask for their own resources"
+    measure = (ROOT / "rules/measure.smk").read_text()
+    assert "runtime=jobs.runtime_of(" in measure and "**measure_resources(" in measure
+    schema = yaml.safe_load((ROOT / "schemas/config.schema.yaml").read_text())["properties"]["cluster"]["properties"]
+    cluster = {key: schema[key]["default"] for key in schema}
+    r = jobs.resources(cluster, {**CPU_FP, "gpu_count": 8, "gpu_model": "H200"}, {"dir": "/x", "wait_s": 1})
+    assert (r["cpus_per_gpu"], r["mem_mb_per_cpu"]) == (cluster["cpus_per_gpu"], cluster["mem_mb_per_cpu"])
 
 
 class _W:

@@ -122,17 +122,17 @@ def slurm():
 
 
 def squeue_rows(job_ids: list[str]) -> dict:
-    """id -> state, nodes, nodelist, time limit, oversubscribe (NO: --exclusive), comment
-    (finished jobs stay listed for MinJobAge)."""
+    """id -> state, nodes, nodelist, time limit, oversubscribe (NO: --exclusive), minimum
+    memory (per CPU or per node), comment (finished jobs stay listed for MinJobAge)."""
     if not job_ids:
         return {}
     r = subprocess.run(["squeue", "--states=all", "-h", "-j", ",".join(job_ids),
-                        "-o", "%i|%T|%D|%N|%l|%h|%k"], capture_output=True, text=True)
+                        "-o", "%i|%T|%D|%N|%l|%h|%m|%k"], capture_output=True, text=True)
     rows = {}
     for line in r.stdout.splitlines():
-        jid, state, nodes, nodelist, limit, share, comment = line.split("|", 6)
+        jid, state, nodes, nodelist, limit, share, mem, comment = line.split("|", 7)
         rows[jid] = {"state": state, "nodes": int(nodes), "nodelist": nodelist, "time_limit": limit,
-                     "oversubscribe": share, "comment": comment}
+                     "oversubscribe": share, "min_memory": mem, "comment": comment}
     return rows
 
 
@@ -196,23 +196,23 @@ def supports_cluster_key() -> bool:
 # ------------------------------------------------------------------ tests
 
 GPU_SNAKEFILE = r'''
-# Rules named like measurement rules, so that profiles/slurm's set-resources apply;
-# their resources are what rules/common.smk declares for k=2 on 2-GPU nodes (one
-# node) and for k=2 on 1-GPU nodes (two nodes).
+# Rules named like measurement rules; their resources are what rules/common.smk
+# declares (dpscale.plan.jobs.resources, the config's cluster defaults) for k=2 on
+# 2-GPU nodes (one node) and for k=2 on 1-GPU nodes (two nodes).
 rule all:
     input: "one_node.txt", "two_nodes.txt"
 
 rule ddp_weak:
     output: "one_node.txt"
     resources: gpu=2, gres="", nodes=1, tasks=0, tasks_per_gpu=0, mpi="", measure=1, runtime=7,
-               slurm_extra="--exclusive"
+               slurm_extra="--exclusive", cpus_per_gpu=8, mem_mb_per_cpu=4000
     shell: "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES > {output};"
            " scontrol show job $SLURM_JOB_ID >> {output}"
 
 rule allreduce:
     output: "two_nodes.txt"
     resources: gpu=0, gres="gpu:1", nodes=2, tasks=2, tasks_per_gpu=0, mpi="srun", measure=1,
-               slurm_extra="--exclusive"
+               slurm_extra="--exclusive", cpus_per_gpu=8, mem_mb_per_cpu=4000
     shell: "srun --whole --nodes=2 --ntasks=2 --ntasks-per-node=1 --label bash -c"
            " 'echo node=$SLURMD_NODENAME CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES' > {output};"
            " scontrol show job $SLURM_JOB_ID >> {output}"
@@ -242,7 +242,7 @@ def test_gpu_requests_reach_slurm(slurm, tmp_path):
     assert "CUDA_VISIBLE_DEVICES=0,1" in one, one          # --gpus=2: both GPUs of the node
     assert re.search(r"TresPerJob=gres:gpu:2\b", one), one
     assert re.search(r"NumNodes=1\b", one), one
-    # profiles/slurm's set-resources: --cpus-per-gpu=8, --mem-per-cpu=4000; the rule's --exclusive
+    # the rule's --cpus-per-gpu=8, --mem-per-cpu=4000 and --exclusive
     assert re.search(r"CpusPerTres=gres:gpu:8\b", one), one
     assert re.search(r"MinMemoryCPU=4000M\b", one), one
     assert re.search(r"OverSubscribe=NO\b", one), one
@@ -330,6 +330,8 @@ def test_pipeline_runs_through_slurm(pipeline):
     share = {r["comment"].split("_wildcards")[0]: r["oversubscribe"] for r in rows.values()}
     assert {r["oversubscribe"] for r in rows.values() if r["comment"].startswith("rule_ddp_weak")} == {"NO"}, rows
     assert share["rule_report"] != "NO", share
+    # memory per CPU from the config's cluster.mem_mb_per_cpu (its schema default), not the profile
+    assert {r["min_memory"] for r in rows.values() if r["comment"].startswith("rule_ddp_weak")} == {"4000M"}, rows
     for p in logs:
         assert p.exists() and "SNAKEMAKE" in p.read_text(errors="replace"), p   # the job step's own log
     # side by side: profiles/slurm is the workflow profile, so profiles/default's measure=1

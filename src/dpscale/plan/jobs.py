@@ -143,16 +143,13 @@ def code_of(exp: registry.Experiment) -> str:
 
 def resources(cluster: dict, fp: dict, locks: dict, cache: dict | None = None,
               experiment: str | None = None) -> dict:
-    """`resources: **...` of every measurement rule (profiles/slurm, docs/cluster.md).
-
-    Local runs use only `measure` (profiles/default limits it to 1 at a time). slurm_extra
-    is per job, not profiles/slurm's: a skipped job must not queue for a whole node.
-    tasks_per_gpu=0: without it the SLURM plugin turns `tasks` into --ntasks-per-gpu
-    as well, on a GPU job. lock_dir and lock_wait_s reach the watchdog
-    (dpscale.run.devices), and cache_dir (the compilation caches' root,
-    dpscale.run.caches), as resources, not params: changing them must not rerun a
-    measurement. No executor reads them (the SLURM plugin maps only names it knows; a
-    job step gets lock_wait_s as --resources, which it meets)."""
+    """`resources: **...` of every measurement rule (docs/cluster.md). Local runs use only
+    `measure` (profiles/default limits it to 1 at a time). A SLURM job's requests come from
+    here and the config's `cluster`: profiles/slurm names no rule. tasks_per_gpu=0: else
+    the SLURM plugin turns `tasks` into --ntasks-per-gpu too. lock_dir, lock_wait_s
+    (dpscale.run.devices) and cache_dir (dpscale.run.caches) reach the watchdog as
+    resources, not params: changing them must not rerun a measurement (no executor reads
+    them; a job step gets lock_wait_s as --resources, which it meets)."""
     eff = dscluster.effective(cluster, fp)
     has_gpus = (fp.get("gpu_count") or 0) > 0
 
@@ -197,7 +194,8 @@ def resources(cluster: dict, fp: dict, locks: dict, cache: dict | None = None,
         return "--exclusive" if (cluster or {}).get("exclusive", True) and not skipped(w) else ""
 
     out = dict(gpu=gpus, gres=gres, nodes=nodes, tasks=tasks, tasks_per_gpu=0, mpi=mpi, slurm_extra=slurm_extra,
-               measure=1, lock_dir=locks["dir"], lock_wait_s=locks["wait_s"], cache_dir=(cache or {}).get("dir") or "")
+               measure=1, lock_dir=locks["dir"], lock_wait_s=locks["wait_s"], cache_dir=(cache or {}).get("dir") or "",
+               **{key: cluster[key] for key in ("cpus_per_gpu", "mem_mb_per_cpu") if key in (cluster or {})})
     if not has_gpus:
         out["cpus_per_task"] = cpus   # with GPUs, the profile's cpus_per_gpu applies
     return out
