@@ -274,6 +274,21 @@ def test_a_local_run_of_a_k_that_spans_nodes_is_told_at_its_start(nodes, per_nod
     assert "--workflow-profile profiles/slurm" in line and "cluster.nodes=1" in line
 
 
+@settings(max_examples=40, deadline=None)
+@given(gpus=st.sampled_from([0, 1, 2, 8]), nodes=st.integers(1, 4), exclusive=st.booleans(),
+       k=st.sampled_from([1, 2, 4, 8, 16]), data=st.data())
+def test_only_a_job_that_measures_asks_for_whole_nodes(gpus, nodes, exclusive, k, data):
+    """sbatch --exclusive (cluster.exclusive) for every job that measures; never for one
+    that only records `skipped`, whatever the machine, nodes and k."""
+    fp = {**CPU_FP, "gpu_count": gpus, "cpu_count": 2, "gpu_model": "H200" if gpus else None}
+    cluster = {"nodes": nodes, "gpus_per_node": None, "exclusive": exclusive}
+    exp = data.draw(st.sampled_from(sorted(registry.EXPERIMENTS)))
+    variant = data.draw(st.sampled_from(list(registry.get(exp).variant_names(True, True))))
+    r = jobs.resources(cluster, fp, {"dir": "/x", "wait_s": 1}, None, exp)
+    skipped = specs.skip_reason(exp, variant, k, fp, cluster) is not None
+    assert r["slurm_extra"](_W(variant, k)) == ("--exclusive" if exclusive and not skipped else "")
+
+
 def test_a_job_that_only_records_skipped_asks_the_cluster_for_one_node_no_gpu_and_no_whole_node():
     """The memcpy switch has no gloo equivalent: its k=8 job on a CPU cluster of 4 nodes
     of 2 writes `skipped`; it must not hold four exclusive nodes to do so. Its default
