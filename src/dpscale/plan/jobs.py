@@ -197,5 +197,5 @@ def resources(cluster: dict, fp: dict, locks: dict, cache: dict | None = None,
                measure=1, lock_dir=locks["dir"], lock_wait_s=locks["wait_s"], cache_dir=(cache or {}).get("dir") or "",
                **{key: cluster[key] for key in ("cpus_per_gpu", "mem_mb_per_cpu") if key in (cluster or {})})
     if not has_gpus:
-        out["cpus_per_task"] = cpus   # with GPUs, the profile's cpus_per_gpu applies
+        out["cpus_per_task"] = cpus   # with GPUs, cpus_per_gpu (cluster.cpus_per_gpu) applies
     return out
