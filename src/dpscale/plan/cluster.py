@@ -63,7 +63,7 @@ def spanning_locally(local_exec: bool, ks, cluster: dict | None, fp: dict) -> st
     (dpscale.run.command.multinode_command says why). None on SLURM, or when every k fits
     one node."""
     eff = effective(cluster, fp)
-    spans = [k for k in ks if k <= capacity(eff) and nodes_for(k, eff) > 1]
+    spans = [k for k in ks if layout(k, eff)]   # the multi-node launch a job spec would carry
     if not local_exec or not spans:
         return None
     g = eff["gpus_per_node"]
